@@ -1,0 +1,226 @@
+"""The ``opgen`` command line: list, show, build, eval."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from opgen import dtypes, registry
+from opgen.dsl.opdef import OpDef
+from opgen.dsl.spec import AttrSpec, DSLError, SizeSpec, TensorSpec
+
+EPILOG = """examples:
+  opgen list                              the ops, their signatures and C ABIs
+  opgen show rms_norm_backward --ir       the op's L0 IR after the clean-up passes
+  opgen show rms_norm_backward --stage traced
+  opgen build                             regenerate generated/ (incremental)
+  opgen build --check                     exit 1 if generated/ is stale
+  opgen eval embedding_dense_backward --dims N=6,D=4,V=5 --dtype T=bf16
+"""
+
+
+def _signature_lines(o: OpDef) -> list[str]:
+    lines = []
+    for p in o.signature.params:
+        spec = p.spec
+        if isinstance(spec, TensorSpec | AttrSpec | SizeSpec):
+            lines.append(f"    {p.name}: {spec.describe()}")
+    return lines
+
+
+def _abi_line(f: object) -> str:
+    kind = getattr(f, "kind", type(f).__name__)
+    name = getattr(f, "name", "?")
+    if kind == "infiniop":
+        return f"infiniop{name}"
+    if kind == "aclnn":
+        return f"aclnn{name}"
+    return f"ttnn.{name}"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    ops = registry.load_all()
+    for name, o in ops.items():
+        dvars = ", ".join(f"{k} in {{{', '.join(map(str, v.members))}}}"
+                          for k, v in o.signature.dtype_vars().items())
+        abis = ", ".join(_abi_line(f) for f in o.abis) or "(plain C only)"
+        print(f"{name}  [{o.where}]")
+        if args.verbose:
+            print(*_signature_lines(o), sep="\n")
+        else:
+            print("    (" + ", ".join(p.name for p in o.signature.params) + ")")
+        print(f"    dtypes: {dvars or '-'}")
+        print(f"    ABIs:   opgen_{name} (plain C), {abis}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from opgen.passes import pipeline
+
+    o = registry.get(args.op)
+    if not (args.ir or args.stage):
+        print(f"{o.name}  [{o.where}]\n")
+        print(o.doc + "\n" if o.doc else "", end="")
+        print("\nparameters:")
+        print(*_signature_lines(o), sep="\n")
+        print("\nvariants (by present optional tensors):")
+        for present in o.variants:
+            print(f"    {o.variant_name(present)}")
+        for present, r in o.rejected.items():
+            print(f"    {o.variant_name(present)}: rejected ({r.status}): {r.message}")
+        if o.may_alias:
+            print("\nmay alias: " + ", ".join(f"{a} = {b}" for a, b in o.may_alias))
+        print("\nABIs: " + (", ".join(_abi_line(f) for f in o.abis) or "(plain C only)"))
+        return 0
+    stage = args.stage or pipeline.stages(args.target)[-1]
+    m = o.module()
+    pipeline.run(m, args.target, until=stage)
+    print(f"// {o.name}: stage '{stage}' of pipeline '{args.target}'")
+    print(m)
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from opgen import build
+
+    return build.main(check=args.check, out=args.out, verbose=not args.quiet)
+
+
+def _parse_kv(text: str | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in (text or "").split(","):
+        if item.strip():
+            k, sep, v = item.partition("=")
+            if not sep:
+                raise SystemExit(f"opgen: expected NAME=VALUE, got {item!r}")
+            out[k.strip()] = v.strip()
+    return out
+
+
+def random_inputs(o: OpDef, dims: dict[str, int], dvars: dict[str, str], seed: int,
+                  present: Sequence[str] = ()) -> dict[str, object]:
+    """Random arguments for ``o``: floats ~ N(0, 1), integers in [0, smallest bound dim)."""
+    rng = np.random.default_rng(seed)
+    sig = o.signature
+    default = 16
+    sizes = {d: dims.get(d, default) for d in sig.dims()}
+    types = {k: dtypes.by_name(dvars[k]) if k in dvars else v.members[0]
+             for k, v in sig.dtype_vars().items()}
+    hi = min(sizes.values()) if sizes else default
+    args: dict[str, object] = {}
+    for p in sig.params:
+        if isinstance(p.spec, SizeSpec):
+            args[p.name] = sizes[p.spec.dim.name]
+            continue
+        if not isinstance(p.spec, TensorSpec) or (p.optional and p.name not in present):
+            continue
+        dt = p.spec.dtype if isinstance(p.spec.dtype, dtypes.DType) else types[p.spec.dtype.name]
+        shape = [d if isinstance(d, int) else sizes[d.name] for d in p.spec.shape]
+        if dt.is_float:
+            arr = rng.standard_normal(shape).astype(dt.np_dtype)
+        elif dt.is_bool:
+            arr = rng.random(shape) < 0.3
+        else:
+            arr = rng.integers(0, max(hi, 1), shape).astype(dt.np_dtype)
+        args[p.name] = arr
+    return args
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from opgen import oracle
+    from opgen.binding import OpError
+
+    o = registry.get(args.op)
+    dims = {k: int(v) for k, v in _parse_kv(args.dims).items()}
+    present = [x for x in (args.with_ or "").split(",") if x]
+    if args.inputs:
+        with np.load(args.inputs) as z:
+            call: dict[str, object] = {k: z[k] for k in z.files}
+    else:
+        call = random_inputs(o, dims, _parse_kv(args.dtype), args.seed, present)
+    for k, v in _parse_kv(args.set).items():
+        call[k] = v.lower() == "true" if v.lower() in ("true", "false") else \
+            (float(v) if any(c in v for c in ".e") else int(v))
+    try:
+        outs = oracle.run(o, **call)
+    except OpError as e:
+        print(f"opgen eval: {o.name} rejected the call: {e}", file=sys.stderr)
+        return 2
+    np.set_printoptions(precision=4, suppress=True, threshold=40, edgeitems=3)
+    for name, val in call.items():
+        if isinstance(val, np.ndarray):
+            print(f"input  {name}: shape {val.shape} {val.dtype}")
+        else:
+            print(f"attr   {name} = {val}")
+    for name, val in outs.items():
+        print(f"output {name}: shape {val.shape} {val.dtype}")
+        print("   ", str(np.asarray(val, np.float64)).replace("\n", "\n    "))
+    if args.save:
+        np.savez(args.save, **{k: v for k, v in outs.items()})
+        print(f"saved outputs to {args.save}")
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="opgen", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        description="Compile deep-learning operators written once in the opgen DSL (ops_dsl/) "
+                    "into kernels and vendor C ABIs.")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("list", help="list the ops with signatures and ABIs",
+                       description="List every op found in ops_dsl/ with its parameters, dtype "
+                                   "variables and the C ABIs it exposes.")
+    p.add_argument("-v", "--verbose", action="store_true", help="full typed signatures")
+    p.set_defaults(fn=cmd_list)
+
+    p = sub.add_parser("show", help="show one op: signature, variants, or its IR at any stage",
+                       description="Without flags: the op's signature, doc, variants and ABIs. "
+                                   "With --ir: its IR after the target's pipeline; with --stage "
+                                   "NAME: after that stage ('traced' = before any pass).")
+    p.add_argument("op", help="op name (see 'opgen list')")
+    p.add_argument("--ir", action="store_true", help="print the IR after the whole pipeline")
+    p.add_argument("--stage", help="print the IR after this stage of the pipeline")
+    p.add_argument("--target", default="l0", help="pipeline to run (default: l0)")
+    p.set_defaults(fn=cmd_show)
+
+    p = sub.add_parser("build", help="regenerate generated/ from ops_dsl/",
+                       description="Write every op's outputs under generated/ (byte-for-byte "
+                                   "reproducible; unchanged files are not rewritten).")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 if generated/ differs from a fresh build")
+    p.add_argument("--out", default=None, help="output directory (default: <repo>/generated)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.set_defaults(fn=cmd_build)
+
+    p = sub.add_parser("eval", help="run an op with the numpy oracle on random or given inputs",
+                       description="Evaluate an op with the numpy oracle (the reference "
+                                   "interpreter of its IR). Inputs are random unless --inputs "
+                                   "gives an .npz file of arrays named after the parameters.")
+    p.add_argument("op")
+    p.add_argument("--dims", help="dim sizes, e.g. N=6,D=4 (default 16 each)")
+    p.add_argument("--dtype", help="dtype variables, e.g. T=bf16,I=i32 (default: first member)")
+    p.add_argument("--set", help="attributes, e.g. eps=1e-6,scale_grad_by_freq=true")
+    p.add_argument("--with", dest="with_", help="optional tensors to pass, e.g. softmax")
+    p.add_argument("--inputs", help=".npz file with the input arrays")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--save", help="write the outputs to this .npz file")
+    p.set_defaults(fn=cmd_eval)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except (DSLError, KeyError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"opgen: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

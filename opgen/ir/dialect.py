@@ -1,0 +1,808 @@
+"""The ``opgen`` dialect: the tensor-level IR (L0) every op is traced into.
+
+Values are tensors with symbolic shapes (dimension names such as ``N`` or literal ``1``) and an
+element type that is either a concrete dtype (``f32``) or a dtype variable of the enclosing
+function (``T``). A rank-0 tensor is a scalar. Arithmetic is *logical*: an op typed ``bf16`` is
+computed in its compute type (f32) and rounded only where a value is stored (an output) or
+explicitly cast. Each op verifies its own typing rules, beside its definition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DenseArrayBase,
+    DictionaryAttr,
+    FloatAttr,
+    IntAttr,
+    IntegerAttr,
+    StringAttr,
+    f64,
+    i64,
+)
+from xdsl.ir import (
+    Attribute,
+    Block,
+    Dialect,
+    Operation,
+    ParametrizedAttribute,
+    Region,
+    SSAValue,
+    TypeAttribute,
+)
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+)
+from xdsl.parser import AttrParser
+from xdsl.pattern_rewriter import RewritePattern
+from xdsl.printer import Printer
+from xdsl.traits import HasCanonicalizationPatternsTrait, IsolatedFromAbove, IsTerminator, Pure
+from xdsl.utils.exceptions import VerifyException
+
+from opgen import dtypes
+
+# --------------------------------------------------------------------------------------- types
+
+
+@irdl_attr_definition
+class TensorType(ParametrizedAttribute, TypeAttribute):
+    """``!opgen.tensor<[N, D], T>``: a tensor of symbolic shape and (possibly variable) dtype."""
+
+    name = "opgen.tensor"
+
+    dims: ArrayAttr[StringAttr]
+    elem: StringAttr
+
+    @staticmethod
+    def make(shape: Sequence[str | int], dtype: str) -> TensorType:
+        return TensorType(ArrayAttr([StringAttr(str(d)) for d in shape]), StringAttr(dtype))
+
+    @property
+    def shape(self) -> tuple[str, ...]:
+        return tuple(d.data for d in self.dims.data)
+
+    @property
+    def dtype(self) -> str:
+        return self.elem.data
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims.data)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
+        parser.parse_punctuation("<")
+        parser.parse_punctuation("[")
+        dims: list[StringAttr] = []
+        if parser.parse_optional_punctuation("]") is None:
+            while True:
+                num = parser.parse_optional_integer(allow_boolean=False)
+                dims.append(StringAttr(str(num) if num is not None else parser.parse_identifier()))
+                if parser.parse_optional_punctuation(",") is None:
+                    break
+            parser.parse_punctuation("]")
+        parser.parse_punctuation(",")
+        elem = parser.parse_identifier()
+        parser.parse_punctuation(">")
+        return [ArrayAttr(dims), StringAttr(elem)]
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<[{', '.join(self.shape)}], {self.dtype}>")
+
+
+def _i64s(values: Sequence[int]) -> DenseArrayBase:
+    return DenseArrayBase.from_list(i64, [int(v) for v in values])
+
+
+def tensor_type(value: SSAValue | Operation) -> TensorType:
+    """The TensorType of a value (raises VerifyException for foreign types)."""
+    t = SSAValue.get(value).type
+    if not isinstance(t, TensorType):
+        raise VerifyException(f"expected an !opgen.tensor value, got {t}")
+    return t
+
+
+def is_dim_literal(d: str) -> bool:
+    return d.isdigit()
+
+
+# ------------------------------------------------------------------------- dtype helpers
+
+def enclosing_func(op: Operation) -> FuncOp | None:
+    p = op.parent_op()
+    while p is not None and not isinstance(p, FuncOp):
+        p = p.parent_op()
+    return p
+
+
+def dtype_members(op: Operation, name: str) -> tuple[dtypes.DType, ...]:
+    """The concrete dtypes an element type name may stand for inside ``op``'s function."""
+    if name in dtypes.BY_NAME:
+        return (dtypes.BY_NAME[name],)
+    f = enclosing_func(op)
+    if f is None or name not in f.dtype_var_map():
+        raise VerifyException(f"{op.name}: unknown element type {name!r}")
+    return f.dtype_var_map()[name]
+
+
+def _kinds(op: Operation, name: str) -> set[str]:
+    return {d.kind for d in dtype_members(op, name)}
+
+
+def _require_float(op: Operation, name: str, what: str) -> None:
+    if _kinds(op, name) != {"float"}:
+        raise VerifyException(f"{op.name}: {what} must be a floating type, got {name}")
+
+
+def _same_shape(op: Operation, values: Sequence[SSAValue]) -> None:
+    shapes = {tensor_type(v).shape for v in values}
+    if len(shapes) > 1:
+        raise VerifyException(
+            f"{op.name}: operand/result shapes differ: {sorted(shapes)} (broadcast explicitly)"
+        )
+
+
+class _Patterns(HasCanonicalizationPatternsTrait):
+    """Canonicalization patterns of an op, looked up by op class in opgen.ir.canonicalize."""
+
+    @classmethod
+    def get_canonicalization_patterns(cls) -> tuple[RewritePattern, ...]:
+        return ()
+
+    def get_patterns(self, op: type[Operation]) -> tuple[RewritePattern, ...]:
+        from opgen.ir import canonicalize as c
+
+        table: dict[type[Operation], tuple[RewritePattern, ...]] = {
+            BroadcastOp: (c.IdentityBroadcast(), c.ComposeBroadcasts()),
+            CastOp: (c.IdentityCast(),),
+            TransposeOp: (c.ComposeTransposes(),),
+        }
+        return table.get(op, ())
+
+
+# --------------------------------------------------------------------------- structure
+
+
+@irdl_op_definition
+class FuncOp(IRDLOperation):
+    """One traced variant of an op: block arguments are its parameters, in signature order.
+
+    ``dtype_vars`` maps each dtype variable to the concrete dtypes it may take.
+    """
+
+    name = "opgen.func"
+
+    sym_name = prop_def(StringAttr)
+    arg_names = prop_def(ArrayAttr[StringAttr])
+    dtype_vars = prop_def(DictionaryAttr)
+    body = region_def("single_block")
+
+    traits = traits_def(IsolatedFromAbove())
+
+    def __init__(self, sym_name: str, arg_names: Sequence[str], arg_types: Sequence[TensorType],
+                 dtype_vars: dict[str, Sequence[str]]):
+        block = Block(arg_types=arg_types)
+        for a, n in zip(block.args, arg_names, strict=True):
+            a.name_hint = n
+        super().__init__(
+            properties={
+                "sym_name": StringAttr(sym_name),
+                "arg_names": ArrayAttr([StringAttr(n) for n in arg_names]),
+                "dtype_vars": DictionaryAttr(
+                    {k: ArrayAttr([StringAttr(x) for x in v]) for k, v in dtype_vars.items()}),
+            },
+            regions=[Region(block)],
+        )
+
+    def dtype_var_map(self) -> dict[str, tuple[dtypes.DType, ...]]:
+        return {k: tuple(dtypes.by_name(x.data) for x in v.data)  # type: ignore[union-attr]
+                for k, v in self.dtype_vars.data.items()}
+
+    def verify_(self) -> None:
+        if len(self.arg_names.data) != len(self.body.block.args):
+            raise VerifyException("opgen.func: arg_names and block arguments differ in number")
+        for k, v in self.dtype_var_map().items():
+            if k in dtypes.BY_NAME or not v:
+                raise VerifyException(f"opgen.func: bad dtype variable {k!r}")
+        if not isinstance(self.body.block.last_op, ReturnOp):
+            raise VerifyException("opgen.func: body must end in opgen.return")
+
+
+@irdl_op_definition
+class ReturnOp(IRDLOperation):
+    """Terminator: the function's named outputs."""
+
+    name = "opgen.return"
+    values = var_operand_def(TensorType)
+    names = prop_def(ArrayAttr[StringAttr])
+    traits = traits_def(IsTerminator())
+
+    def __init__(self, values: Sequence[SSAValue], names: Sequence[str]):
+        super().__init__(operands=[values],
+                         properties={"names": ArrayAttr([StringAttr(n) for n in names])})
+
+    def verify_(self) -> None:
+        if len(self.names.data) != len(self.values):
+            raise VerifyException("opgen.return: one name per returned value")
+
+
+@irdl_op_definition
+class CheckOp(IRDLOperation):
+    """Run-time precondition on scalars: when ``cond`` is false the op fails with ``status``
+    (``param`` or ``shape``) and writes nothing. Backends evaluate it before any output is touched.
+    """
+
+    name = "opgen.check"
+    cond = operand_def(TensorType)
+    message = prop_def(StringAttr)
+    status = prop_def(StringAttr)
+
+    def __init__(self, cond: SSAValue, message: str, status: str = "param"):
+        super().__init__(operands=[cond], properties={
+            "message": StringAttr(message), "status": StringAttr(status)})
+
+    def verify_(self) -> None:
+        t = tensor_type(self.cond)
+        if t.rank != 0 or t.dtype != "bool":
+            raise VerifyException("opgen.check: condition must be a bool scalar")
+        if self.status.data not in ("param", "shape"):
+            raise VerifyException("opgen.check: status must be 'param' or 'shape'")
+
+
+# ------------------------------------------------------------------------- leaf values
+
+
+@irdl_op_definition
+class ConstantOp(IRDLOperation):
+    """A scalar literal."""
+
+    name = "opgen.constant"
+    value = prop_def(FloatAttr | IntegerAttr)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, value: float | int | bool, dtype: str):
+        if dtype in ("bool",) or (dtype in dtypes.BY_NAME and dtypes.BY_NAME[dtype].is_int):
+            attr: Attribute = IntegerAttr(int(value), i64)
+        else:
+            attr = FloatAttr(float(value), f64)
+        super().__init__(properties={"value": attr}, result_types=[TensorType.make([], dtype)])
+
+    @property
+    def number(self) -> float | int:
+        v = self.value.value.data
+        return v
+
+    def verify_(self) -> None:
+        if tensor_type(self.result).rank != 0:
+            raise VerifyException("opgen.constant: result must be rank 0")
+
+
+@irdl_op_definition
+class DimOp(IRDLOperation):
+    """The run-time size of a symbolic dimension, as an i64 scalar."""
+
+    name = "opgen.dim"
+    dim = prop_def(StringAttr)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, dim: str):
+        super().__init__(properties={"dim": StringAttr(dim)}, result_types=[TensorType.make([], "i64")])
+
+
+@irdl_op_definition
+class FullOp(IRDLOperation):
+    """A tensor of the result type filled with a scalar operand."""
+
+    name = "opgen.full"
+    value = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, value: SSAValue, result_type: TensorType):
+        super().__init__(operands=[value], result_types=[result_type])
+
+    def verify_(self) -> None:
+        if tensor_type(self.value).rank != 0:
+            raise VerifyException("opgen.full: fill value must be a scalar")
+
+
+@irdl_op_definition
+class IotaOp(IRDLOperation):
+    """``result[..., i_axis, ...] = i_axis`` (an integer tensor)."""
+
+    name = "opgen.iota"
+    axis = prop_def(IntAttr)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, axis: int, result_type: TensorType):
+        super().__init__(properties={"axis": IntAttr(axis)}, result_types=[result_type])
+
+    def verify_(self) -> None:
+        t = tensor_type(self.result)
+        if not 0 <= self.axis.data < t.rank:
+            raise VerifyException(f"opgen.iota: axis {self.axis.data} out of range for rank {t.rank}")
+        if _kinds(self, t.dtype) - {"int", "uint"}:
+            raise VerifyException("opgen.iota: result must be an integer tensor")
+
+
+# ---------------------------------------------------------------------- elementwise ops
+
+
+class ElementwiseOp(IRDLOperation):
+    """Base of elementwise ops: operands and result share one shape."""
+
+    def verify_(self) -> None:
+        _same_shape(self, [*self.operands, *self.results])
+
+
+class UnaryOp(ElementwiseOp):
+    """``result = f(x)``; float ops require a floating operand, same dtype out."""
+
+    x = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    FLOAT_ONLY: ClassVar[bool] = True
+
+    def __init__(self, x: SSAValue):
+        super().__init__(operands=[x], result_types=[tensor_type(x)])
+
+    def verify_(self) -> None:
+        super().verify_()
+        if tensor_type(self.x).dtype != tensor_type(self.result).dtype:
+            raise VerifyException(f"{self.name}: result dtype must equal operand dtype")
+        if self.FLOAT_ONLY:
+            _require_float(self, tensor_type(self.x).dtype, "operand")
+
+
+@irdl_op_definition
+class NegOp(UnaryOp):
+    name = "opgen.neg"
+    FLOAT_ONLY: ClassVar[bool] = False
+
+
+@irdl_op_definition
+class AbsOp(UnaryOp):
+    name = "opgen.abs"
+    FLOAT_ONLY: ClassVar[bool] = False
+
+
+@irdl_op_definition
+class ExpOp(UnaryOp):
+    name = "opgen.exp"
+
+
+@irdl_op_definition
+class LogOp(UnaryOp):
+    name = "opgen.log"
+
+
+@irdl_op_definition
+class SqrtOp(UnaryOp):
+    name = "opgen.sqrt"
+
+
+@irdl_op_definition
+class RsqrtOp(UnaryOp):
+    name = "opgen.rsqrt"
+
+
+@irdl_op_definition
+class RecipOp(UnaryOp):
+    name = "opgen.recip"
+
+
+@irdl_op_definition
+class TanhOp(UnaryOp):
+    name = "opgen.tanh"
+
+
+@irdl_op_definition
+class SigmoidOp(UnaryOp):
+    name = "opgen.sigmoid"
+
+
+@irdl_op_definition
+class NotOp(UnaryOp):
+    name = "opgen.not"
+    FLOAT_ONLY: ClassVar[bool] = False
+
+    def verify_(self) -> None:
+        super().verify_()
+        if tensor_type(self.x).dtype != "bool":
+            raise VerifyException("opgen.not: operand must be bool")
+
+
+class BinaryOp(ElementwiseOp):
+    """``result = lhs (op) rhs`` on equal shapes and equal dtypes (the tracer inserts casts)."""
+
+    lhs = operand_def(TensorType)
+    rhs = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    OPERAND_KINDS: ClassVar[set[str]] = {"float", "int", "uint"}
+
+    def __init__(self, lhs: SSAValue, rhs: SSAValue):
+        super().__init__(operands=[lhs, rhs], result_types=[self.result_type_for(lhs, rhs)])
+
+    @classmethod
+    def result_type_for(cls, lhs: SSAValue, rhs: SSAValue) -> TensorType:
+        return tensor_type(lhs)
+
+    def verify_(self) -> None:
+        super().verify_()
+        a, b = tensor_type(self.lhs).dtype, tensor_type(self.rhs).dtype
+        if a != b:
+            raise VerifyException(f"{self.name}: operand dtypes differ ({a} vs {b})")
+        bad = _kinds(self, a) - self.OPERAND_KINDS
+        if bad:
+            raise VerifyException(f"{self.name}: operands of type {a} not allowed")
+        if tensor_type(self.result) != self.result_type_for(self.lhs, self.rhs):
+            raise VerifyException(f"{self.name}: wrong result type {tensor_type(self.result)}")
+
+
+@irdl_op_definition
+class AddOp(BinaryOp):
+    name = "opgen.add"
+
+
+@irdl_op_definition
+class SubOp(BinaryOp):
+    name = "opgen.sub"
+
+
+@irdl_op_definition
+class MulOp(BinaryOp):
+    name = "opgen.mul"
+
+
+@irdl_op_definition
+class DivOp(BinaryOp):
+    """Division; integer operands divide with truncation toward zero."""
+
+    name = "opgen.div"
+
+
+@irdl_op_definition
+class MaxOp(BinaryOp):
+    name = "opgen.max"
+
+
+@irdl_op_definition
+class MinOp(BinaryOp):
+    name = "opgen.min"
+
+
+@irdl_op_definition
+class PowOp(BinaryOp):
+    name = "opgen.pow"
+    OPERAND_KINDS: ClassVar[set[str]] = {"float"}
+
+
+@irdl_op_definition
+class AndOp(BinaryOp):
+    name = "opgen.and"
+    OPERAND_KINDS: ClassVar[set[str]] = {"bool"}
+
+
+@irdl_op_definition
+class OrOp(BinaryOp):
+    name = "opgen.or"
+    OPERAND_KINDS: ClassVar[set[str]] = {"bool"}
+
+
+CMP_PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
+@irdl_op_definition
+class CmpOp(BinaryOp):
+    """Comparison producing bool; ``predicate`` is one of eq, ne, lt, le, gt, ge."""
+
+    name = "opgen.cmp"
+    predicate = prop_def(StringAttr)
+    OPERAND_KINDS: ClassVar[set[str]] = {"float", "int", "uint", "bool"}
+
+    def __init__(self, predicate: str, lhs: SSAValue, rhs: SSAValue):
+        IRDLOperation.__init__(self, operands=[lhs, rhs], properties={"predicate": StringAttr(predicate)},
+                               result_types=[self.result_type_for(lhs, rhs)])
+
+    @classmethod
+    def result_type_for(cls, lhs: SSAValue, rhs: SSAValue) -> TensorType:
+        return TensorType.make(tensor_type(lhs).shape, "bool")
+
+    def verify_(self) -> None:
+        super().verify_()
+        if self.predicate.data not in CMP_PREDICATES:
+            raise VerifyException(f"opgen.cmp: unknown predicate {self.predicate.data!r}")
+
+
+@irdl_op_definition
+class SelectOp(ElementwiseOp):
+    """``cond ? a : b`` elementwise."""
+
+    name = "opgen.select"
+    cond = operand_def(TensorType)
+    a = operand_def(TensorType)
+    b = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, cond: SSAValue, a: SSAValue, b: SSAValue):
+        super().__init__(operands=[cond, a, b], result_types=[tensor_type(a)])
+
+    def verify_(self) -> None:
+        super().verify_()
+        if tensor_type(self.cond).dtype != "bool":
+            raise VerifyException("opgen.select: condition must be bool")
+        if not tensor_type(self.a).dtype == tensor_type(self.b).dtype == tensor_type(self.result).dtype:
+            raise VerifyException("opgen.select: both branches and the result need one dtype")
+
+
+@irdl_op_definition
+class CastOp(ElementwiseOp):
+    """Convert to the result dtype: floats round to nearest even, float->int truncates toward
+    zero, anything->bool is ``!= 0``. Casting to a 16-bit float rounds (the value is stored)."""
+
+    name = "opgen.cast"
+    x = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure(), _Patterns())
+
+    def __init__(self, x: SSAValue, dtype: str):
+        super().__init__(operands=[x], result_types=[TensorType.make(tensor_type(x).shape, dtype)])
+
+
+# --------------------------------------------------------------------- shape-changing ops
+
+
+@irdl_op_definition
+class BroadcastOp(IRDLOperation):
+    """Broadcast (and expand) ``x`` to the result shape: operand dim ``i`` becomes result dim
+    ``dims[i]`` and must equal it or be ``1``; result dims not named are new."""
+
+    name = "opgen.broadcast"
+    x = operand_def(TensorType)
+    dims = prop_def(DenseArrayBase)
+    result = result_def(TensorType)
+    traits = traits_def(Pure(), _Patterns())
+
+    def __init__(self, x: SSAValue, dims: Sequence[int], result_type: TensorType):
+        super().__init__(operands=[x], properties={"dims": _i64s(dims)},
+                         result_types=[result_type])
+
+    @property
+    def dim_map(self) -> tuple[int, ...]:
+        return tuple(self.dims.get_values())
+
+    def verify_(self) -> None:
+        src, dst = tensor_type(self.x), tensor_type(self.result)
+        if src.dtype != dst.dtype:
+            raise VerifyException("opgen.broadcast: dtype must not change")
+        m = self.dim_map
+        if len(m) != src.rank or list(m) != sorted(set(m)) or any(not 0 <= d < dst.rank for d in m):
+            raise VerifyException(f"opgen.broadcast: dims {list(m)} must be increasing result axes")
+        for i, d in enumerate(m):
+            if src.shape[i] not in ("1", dst.shape[d]):
+                raise VerifyException(
+                    f"opgen.broadcast: operand dim {src.shape[i]} cannot broadcast to {dst.shape[d]}")
+
+
+@irdl_op_definition
+class TransposeOp(IRDLOperation):
+    """``result.shape[i] = x.shape[perm[i]]``."""
+
+    name = "opgen.transpose"
+    x = operand_def(TensorType)
+    perm = prop_def(DenseArrayBase)
+    result = result_def(TensorType)
+    traits = traits_def(Pure(), _Patterns())
+
+    def __init__(self, x: SSAValue, perm: Sequence[int]):
+        t = tensor_type(x)
+        super().__init__(operands=[x], properties={"perm": _i64s(perm)},
+                         result_types=[TensorType.make([t.shape[p] for p in perm], t.dtype)])
+
+    @property
+    def permutation(self) -> tuple[int, ...]:
+        return tuple(self.perm.get_values())
+
+    def verify_(self) -> None:
+        t, r = tensor_type(self.x), tensor_type(self.result)
+        p = self.permutation
+        if sorted(p) != list(range(t.rank)):
+            raise VerifyException(f"opgen.transpose: {list(p)} is not a permutation of rank {t.rank}")
+        if r != TensorType.make([t.shape[i] for i in p], t.dtype):
+            raise VerifyException("opgen.transpose: wrong result type")
+
+
+REDUCE_KINDS = ("sum", "max", "min")
+
+
+@irdl_op_definition
+class ReduceOp(IRDLOperation):
+    """Reduce ``x`` over ``axes`` (removed from the shape) with ``kind`` in sum/max/min.
+    Float sums accumulate in the compute type; backends fix the order (deterministic)."""
+
+    name = "opgen.reduce"
+    x = operand_def(TensorType)
+    kind = prop_def(StringAttr)
+    axes = prop_def(DenseArrayBase)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, x: SSAValue, kind: str, axes: Sequence[int]):
+        t = tensor_type(x)
+        keep = [d for i, d in enumerate(t.shape) if i not in axes]
+        super().__init__(operands=[x], properties={"kind": StringAttr(kind),
+                                                   "axes": _i64s(sorted(axes))},
+                         result_types=[TensorType.make(keep, t.dtype)])
+
+    @property
+    def axis_list(self) -> tuple[int, ...]:
+        return tuple(self.axes.get_values())
+
+    def verify_(self) -> None:
+        t = tensor_type(self.x)
+        if self.kind.data not in REDUCE_KINDS:
+            raise VerifyException(f"opgen.reduce: unknown kind {self.kind.data!r}")
+        ax = self.axis_list
+        if not ax or len(set(ax)) != len(ax) or any(not 0 <= a < t.rank for a in ax):
+            raise VerifyException(f"opgen.reduce: bad axes {list(ax)} for rank {t.rank}")
+        keep = [d for i, d in enumerate(t.shape) if i not in ax]
+        if tensor_type(self.result) != TensorType.make(keep, t.dtype):
+            raise VerifyException("opgen.reduce: wrong result type")
+        if self.kind.data == "sum" and _kinds(self, t.dtype) == {"bool"}:
+            raise VerifyException("opgen.reduce: cannot sum bool (cast first)")
+
+
+def _require_index(op: Operation, v: SSAValue) -> None:
+    t = tensor_type(v)
+    if t.rank != 1:
+        raise VerifyException(f"{op.name}: indices must be 1-D, got rank {t.rank}")
+    if _kinds(op, t.dtype) - {"int", "uint"}:
+        raise VerifyException(f"{op.name}: indices must be integers, got {t.dtype} (cast first)")
+
+
+@irdl_op_definition
+class GatherOp(IRDLOperation):
+    """``result[n, ...] = table[idx[n], ...]``. An index outside ``[0, rows)`` is an error."""
+
+    name = "opgen.gather"
+    table = operand_def(TensorType)
+    idx = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, table: SSAValue, idx: SSAValue):
+        t, i = tensor_type(table), tensor_type(idx)
+        super().__init__(operands=[table, idx],
+                         result_types=[TensorType.make([*i.shape, *t.shape[1:]], t.dtype)])
+
+    def verify_(self) -> None:
+        _require_index(self, self.idx)
+        t, i = tensor_type(self.table), tensor_type(self.idx)
+        if t.rank < 1 or tensor_type(self.result) != TensorType.make([*i.shape, *t.shape[1:]], t.dtype):
+            raise VerifyException("opgen.gather: wrong result type")
+
+
+@irdl_op_definition
+class ScatterAddOp(IRDLOperation):
+    """``result = zeros; result[idx[n], ...] += values[n, ...]`` with duplicates summed.
+    The row count comes from the result type. Out-of-range indices are an error."""
+
+    name = "opgen.scatter_add"
+    values = operand_def(TensorType)
+    idx = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, values: SSAValue, idx: SSAValue, rows: str):
+        v = tensor_type(values)
+        super().__init__(operands=[values, idx],
+                         result_types=[TensorType.make([rows, *v.shape[1:]], v.dtype)])
+
+    def verify_(self) -> None:
+        _require_index(self, self.idx)
+        v, i, r = tensor_type(self.values), tensor_type(self.idx), tensor_type(self.result)
+        if v.rank < 1 or v.shape[0] != i.shape[0]:
+            raise VerifyException(f"opgen.scatter_add: values {list(v.shape)} and indices "
+                                  f"{list(i.shape)} disagree on the leading dim")
+        if r.shape[1:] != v.shape[1:] or r.dtype != v.dtype:
+            raise VerifyException("opgen.scatter_add: wrong result type")
+        if _kinds(self, v.dtype) == {"bool"}:
+            raise VerifyException("opgen.scatter_add: cannot add bool values")
+
+
+@irdl_op_definition
+class BincountOp(IRDLOperation):
+    """``result[v] = #{n : idx[n] == v}`` for ``v`` in ``[0, rows)``; out-of-range is an error."""
+
+    name = "opgen.bincount"
+    idx = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, idx: SSAValue, rows: str, dtype: str = "i32"):
+        super().__init__(operands=[idx], result_types=[TensorType.make([rows], dtype)])
+
+    def verify_(self) -> None:
+        _require_index(self, self.idx)
+        r = tensor_type(self.result)
+        if r.rank != 1 or _kinds(self, r.dtype) - {"int", "uint"}:
+            raise VerifyException("opgen.bincount: result must be a 1-D integer tensor")
+
+
+@irdl_op_definition
+class MatmulOp(IRDLOperation):
+    """``(M, K) x (K, N) -> (M, N)``, accumulated in the compute type."""
+
+    name = "opgen.matmul"
+    lhs = operand_def(TensorType)
+    rhs = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, lhs: SSAValue, rhs: SSAValue):
+        a, b = tensor_type(lhs), tensor_type(rhs)
+        rt = TensorType.make([a.shape[0], b.shape[1]], a.dtype)
+        super().__init__(operands=[lhs, rhs], result_types=[rt])
+
+    def verify_(self) -> None:
+        a, b = tensor_type(self.lhs), tensor_type(self.rhs)
+        if a.rank != 2 or b.rank != 2:
+            raise VerifyException("opgen.matmul: operands must be 2-D")
+        if a.shape[1] != b.shape[0]:
+            raise VerifyException(f"opgen.matmul: inner dims differ ({a.shape[1]} vs {b.shape[0]})")
+        if a.dtype != b.dtype:
+            raise VerifyException(f"opgen.matmul: operand dtypes differ ({a.dtype} vs {b.dtype})")
+        _require_float(self, a.dtype, "operands")
+        if tensor_type(self.result) != TensorType.make([a.shape[0], b.shape[1]], a.dtype):
+            raise VerifyException("opgen.matmul: wrong result type")
+
+
+@irdl_op_definition
+class UnpackBitsOp(IRDLOperation):
+    """Bool mask of length ``n`` (the result's dim) from ``packed``: a u8 tensor holds 8 flags per
+    byte, LSB first (flag i is bit i % 8 of byte i // 8); a bool tensor holds one flag per element.
+    The packed length must cover ``n`` (checked at run time)."""
+
+    name = "opgen.unpack_bits"
+    packed = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, packed: SSAValue, n: str):
+        super().__init__(operands=[packed], result_types=[TensorType.make([n], "bool")])
+
+    def verify_(self) -> None:
+        p, r = tensor_type(self.packed), tensor_type(self.result)
+        if p.rank != 1 or r.rank != 1 or r.dtype != "bool":
+            raise VerifyException("opgen.unpack_bits: 1-D operand and bool 1-D result required")
+        if _kinds(self, p.dtype) - {"uint", "bool"} or any(
+                d.kind == "uint" and d.bits != 8 for d in dtype_members(self, p.dtype)):
+            raise VerifyException(f"opgen.unpack_bits: packed mask must be u8 or bool, got {p.dtype}")
+
+
+Opgen = Dialect(
+    "opgen",
+    [FuncOp, ReturnOp, CheckOp, ConstantOp, DimOp, FullOp, IotaOp,
+     NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, RecipOp, TanhOp, SigmoidOp, NotOp,
+     AddOp, SubOp, MulOp, DivOp, MaxOp, MinOp, PowOp, AndOp, OrOp, CmpOp, SelectOp, CastOp,
+     BroadcastOp, TransposeOp, ReduceOp, GatherOp, ScatterAddOp, BincountOp, MatmulOp, UnpackBitsOp],
+    [TensorType],
+)
+
+

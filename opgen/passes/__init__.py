@@ -1,0 +1,1 @@
+"""Pass pipelines, one per target: see :mod:`opgen.passes.pipeline`."""

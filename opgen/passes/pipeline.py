@@ -1,0 +1,59 @@
+"""The pass pipeline of every target, in one place.
+
+A pipeline is a list of named stages; each stage is an xDSL ``ModulePass``. ``opgen show OP
+--stage NAME`` prints the module after any stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import Builtin, ModuleOp
+from xdsl.passes import ModulePass
+from xdsl.transforms.canonicalize import CanonicalizePass
+from xdsl.transforms.common_subexpression_elimination import CommonSubexpressionElimination
+from xdsl.transforms.dead_code_elimination import DeadCodeElimination
+
+from opgen.ir.dialect import Opgen
+
+#: Tensor-level (L0) clean-up shared by every target.
+L0: list[ModulePass] = [CanonicalizePass(), CommonSubexpressionElimination(), DeadCodeElimination()]
+
+PIPELINES: dict[str, list[ModulePass]] = {
+    "l0": L0,
+}
+
+
+def context() -> Context:
+    ctx = Context()
+    ctx.load_dialect(Builtin)
+    ctx.load_dialect(Opgen)
+    return ctx
+
+
+def stages(target: str) -> list[str]:
+    """Stage names of a target's pipeline: ``traced`` then one per pass."""
+    return ["traced", *(p.name for p in PIPELINES[target])]
+
+
+def run(module: ModuleOp, target: str = "l0", until: str | None = None,
+        observe: Callable[[str, ModuleOp], None] | None = None) -> ModuleOp:
+    """Run ``target``'s pipeline on ``module`` in place (stopping after stage ``until``)."""
+    if target not in PIPELINES:
+        raise KeyError(f"unknown pipeline {target!r}; known: {', '.join(PIPELINES)}")
+    if until is not None and until not in stages(target):
+        raise KeyError(f"unknown stage {until!r}; stages of {target}: {', '.join(stages(target))}")
+    ctx = context()
+    if observe:
+        observe("traced", module)
+    if until == "traced":
+        return module
+    for p in PIPELINES[target]:
+        p.apply(ctx, module)
+        module.verify()
+        if observe:
+            observe(p.name, module)
+        if p.name == until:
+            break
+    return module

@@ -1,0 +1,55 @@
+"""Discovery of the ops written in ``ops_dsl/`` (one op per file; ``_*.py`` files are helpers)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from functools import cache
+from pathlib import Path
+
+from opgen.dsl.opdef import OpDef
+from opgen.dsl.spec import DSLError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def ops_dir() -> Path:
+    """The ops_dsl directory: ``$OPGEN_OPS_DIR`` or the one beside the opgen package."""
+    return Path(os.environ.get("OPGEN_OPS_DIR", REPO_ROOT / "ops_dsl")).resolve()
+
+
+def _import(path: Path) -> object:
+    pkg_dir = path.parent
+    if str(pkg_dir.parent) not in sys.path:
+        sys.path.insert(0, str(pkg_dir.parent))
+    return importlib.import_module(f"{pkg_dir.name}.{path.stem}")
+
+
+@cache
+def load_all(directory: str | None = None) -> dict[str, OpDef]:
+    """Import every op file and return its ops by name, sorted."""
+    d = Path(directory) if directory else ops_dir()
+    if not d.is_dir():
+        raise DSLError(f"ops directory {d} does not exist")
+    found: dict[str, OpDef] = {}
+    for f in sorted(d.glob("*.py")):
+        if f.name.startswith("_"):
+            continue
+        mod = _import(f)
+        ops = [v for v in vars(mod).values() if isinstance(v, OpDef)]
+        if not ops:
+            raise DSLError(f"{f}: defines no @op")
+        for o in ops:
+            if o.name in found:
+                raise DSLError(f"{f}: op '{o.name}' is already defined in {found[o.name].where}")
+            found[o.name] = o
+    return dict(sorted(found.items()))
+
+
+def get(name: str) -> OpDef:
+    """One op by name (a clear error listing the known ops otherwise)."""
+    ops = load_all()
+    if name not in ops:
+        raise KeyError(f"unknown op {name!r}; known: {', '.join(ops)}")
+    return ops[name]
