@@ -110,7 +110,8 @@ def _bind_tensor(b: Binding, pname: str, spec: TensorSpec, arr: np.ndarray) -> n
                 raise OpError("shape", f"{pname}: dim must be {d}, got {n}")
         else:
             _bind_dim(b, pname, d.name, int(n))
-    if spec.last_contiguous and arr.ndim and arr.shape[-1] > 1 and arr.strides[-1] != arr.itemsize:
+    if (spec.last_contiguous and arr.ndim and arr.size and arr.shape[-1] > 1
+            and arr.strides[-1] != arr.itemsize):  # an empty array's strides mean nothing
         raise OpError("strides", f"{pname}: last dim must be contiguous")
     return logical
 

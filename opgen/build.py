@@ -29,7 +29,26 @@ def generate_ir(o: OpDef) -> dict[str, str]:
     return {f"ir/{o.name}.mlir": header + str(m) + "\n"}
 
 
-GENERATORS: list[tuple[str, Generator]] = [("ir", generate_ir)]
+def generate_cpu(o: OpDef) -> dict[str, str]:
+    """``cpu/<op>.c``: kernels of every variant x dtype binding plus the plain C entry points."""
+    from opgen.emit import cpu
+
+    return {f"cpu/{o.name}.c": cpu.op_source(o)}
+
+
+def generate_common(ops: list[OpDef]) -> dict[str, str]:
+    """Files shared by all ops: the public header and the CPU runtime."""
+    from opgen.emit import cpu, render
+
+    infos = [cpu.header_info(o) for o in ops]
+    return {
+        "include/opgen.h": render.render("include/opgen.h.j2", ops=infos),
+        "cpu/opgen_rt.h": render.render("cpu/opgen_rt.h.j2"),
+        "cpu/opgen_rt.c": render.render("cpu/opgen_rt.c.j2"),
+    }
+
+
+GENERATORS: list[tuple[str, Generator]] = [("ir", generate_ir), ("cpu", generate_cpu)]
 
 
 def _sources_digest() -> str:
@@ -46,7 +65,7 @@ def _sources_digest() -> str:
 
 
 def generate_all(verbose: bool = True) -> dict[str, str]:
-    files: dict[str, str] = {}
+    files: dict[str, str] = generate_common(list(registry.load_all().values()))
     for name, o in registry.load_all().items():
         for target, gen in GENERATORS:
             t0 = time.perf_counter()
@@ -58,9 +77,23 @@ def generate_all(verbose: bool = True) -> dict[str, str]:
     return files
 
 
-def main(check: bool = False, out: str | None = None, verbose: bool = True) -> int:
-    out_dir = Path(out) if out else registry.REPO_ROOT / "generated"
-    stamp_file = registry.REPO_ROOT / "build" / "generate.stamp"
+def compile_cpu(out_dir: Path, verbose: bool) -> None:
+    from opgen import compile as cc
+
+    t0 = time.perf_counter()
+    lib = cc.build_library(out_dir / "cpu", out_dir / "include", BUILD_DIR / "cpu", verbose=verbose)
+    if verbose:
+        print(f"opgen build: {lib.relative_to(registry.REPO_ROOT) if lib.is_relative_to(registry.REPO_ROOT) else lib}"
+              f" ready ({time.perf_counter() - t0:.1f}s)")
+
+
+BUILD_DIR = registry.REPO_ROOT / "build"
+
+
+def main(check: bool = False, out: str | None = None, verbose: bool = True,
+         compile_lib: bool = True) -> int:
+    out_dir = Path(out).resolve() if out else registry.REPO_ROOT / "generated"
+    stamp_file = BUILD_DIR / ("generate." + hashlib.sha256(str(out_dir).encode()).hexdigest()[:12] + ".stamp")
     digest = _sources_digest()
     if not check and stamp_file.exists():
         try:
@@ -72,6 +105,8 @@ def main(check: bool = False, out: str | None = None, verbose: bool = True) -> i
                 for p, h in stamp.get("files", {}).items()):
             if verbose:
                 print(f"opgen build: {out_dir} is up to date")
+            if compile_lib:
+                compile_cpu(out_dir, verbose)
             return 0
     if verbose:
         print(f"opgen build: generating into {out_dir}" + (" (check only)" if check else ""))
@@ -106,4 +141,6 @@ def main(check: bool = False, out: str | None = None, verbose: bool = True) -> i
     if verbose:
         print(f"opgen build: {len(changed)} file(s) written, {len(stale)} removed, "
               f"{len(files) - len(changed)} unchanged")
+    if compile_lib:
+        compile_cpu(out_dir, verbose)
     return 0

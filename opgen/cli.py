@@ -86,7 +86,14 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     from opgen import build
 
-    return build.main(check=args.check, out=args.out, verbose=not args.quiet)
+    from opgen.compile import CompileError
+
+    try:
+        return build.main(check=args.check, out=args.out, verbose=not args.quiet,
+                          compile_lib=not args.no_compile)
+    except CompileError as e:
+        print(f"opgen build: C compilation failed:\n{e}", file=sys.stderr)
+        return 1
 
 
 def _parse_kv(text: str | None) -> dict[str, str]:
@@ -188,12 +195,16 @@ def make_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_show)
 
     p = sub.add_parser("build", help="regenerate generated/ from ops_dsl/",
-                       description="Write every op's outputs under generated/ (byte-for-byte "
-                                   "reproducible; unchanged files are not rewritten).")
+                       description="Write every op's outputs under generated/ (IR, C headers, "
+                                   "CPU kernels; byte-for-byte reproducible, unchanged files are "
+                                   "not rewritten) and compile build/cpu/libopgen.so with the "
+                                   "system C compiler (incremental).")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if generated/ differs from a fresh build")
     p.add_argument("--out", default=None, help="output directory (default: <repo>/generated)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("--no-compile", action="store_true",
+                   help="only write generated/, do not compile build/cpu/libopgen.so")
     p.set_defaults(fn=cmd_build)
 
     p = sub.add_parser("eval", help="run an op with the numpy oracle on random or given inputs",

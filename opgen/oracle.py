@@ -125,7 +125,7 @@ def _reduce(it: _Interp, op: ir.ReduceOp) -> Array:
 def _check_index(idx: Array, rows: int, what: str) -> Array:
     i = idx.astype(np.int64)
     if i.size and (i.min() < 0 or i.max() >= rows):
-        bad = i[(i < 0) | (i >= rows)][0]
+        bad = idx[(i < 0) | (i >= rows)][0]  # as given (a huge u64 wraps negative in i)
         raise OpError("index", f"{what}: index {bad} out of range [0, {rows})")
     return i
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
 from xdsl.ir import Block
 from xdsl.utils.exceptions import VerifyException
 
@@ -116,6 +117,9 @@ class OpDef:
         dvars = sig.dtype_vars()
         func = ir.FuncOp(self.variant_name(present), [p.name for p in params], arg_types,
                          {k: [m.name for m in v.members] for k, v in dvars.items()})
+        aliased = [o for o, _ in self.may_alias if o in {p.name for p in params}]
+        if aliased:
+            func.properties["may_alias"] = ArrayAttr([StringAttr(o) for o in aliased])
         block: Block = func.body.block
         with Tracer(self.name, block, dvars) as t:
             kwargs: dict[str, Any] = {}
@@ -128,7 +132,7 @@ class OpDef:
                     # the block argument still carries the value at the ABI; bind it via check
                 else:
                     kwargs[p.name] = Value(args[p.name], weak=isinstance(p.spec, AttrSpec))
-            result = self.fn(**kwargs)
+            result, t.location = _call_noting_return(self.fn, kwargs)
             outs = sig.outputs
             if isinstance(result, Value) and len(outs) == 1:
                 result = {outs[0].name: result}
@@ -139,10 +143,10 @@ class OpDef:
                        if o.name not in result and o.name in args and not o.optional]
             extra = [k for k in result if k not in {o.name for o in outs}]
             if missing:
-                raise DSLError(f"{self.where}: op '{self.name}' does not return output(s) "
+                raise DSLError(f"{t.location}: op '{self.name}' does not return output(s) "
                                f"{missing}")
             if extra:
-                raise DSLError(f"{self.where}: op '{self.name}' returns {extra}, which are not "
+                raise DSLError(f"{t.location}: op '{self.name}' returns {extra}, which are not "
                                f"declared Output[...] parameters")
             values, names = [], []
             for o in outs:
@@ -170,7 +174,8 @@ class OpDef:
         try:
             v = broadcast_to(v, want)
         except DSLError:
-            raise
+            raise t.error(f"output '{o.name}' has shape {tuple(want)} but the op returns "
+                          f"{v.shape}") from None
         if list(v.shape) != list(want):
             raise t.error(f"output '{o.name}' has shape {tuple(want)} but the op returns "
                           f"{v.shape}")
@@ -180,6 +185,25 @@ class OpDef:
                               f"{v.dtype}; cast explicitly")
             v = cast(v, spec.dtype)
         return v
+
+
+def _call_noting_return(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[Any, str]:
+    """Call the op body; also return the ``file:line`` it returned from, which messages about
+    its outputs name (they are checked once the body's frame is gone)."""
+    code = fn.__code__
+    line = [code.co_firstlineno]
+
+    def note(frame: Any, event: str, arg: Any) -> None:
+        if event == "return" and frame.f_code is code:
+            line[0] = frame.f_lineno
+
+    old = sys.getprofile()
+    sys.setprofile(note)
+    try:
+        result = fn(**kwargs)
+    finally:
+        sys.setprofile(old)
+    return result, f"{os.path.relpath(code.co_filename)}:{line[0]}"
 
 
 def _read_signature(fn: Callable[..., Any], where: str) -> Signature:
@@ -228,8 +252,9 @@ def _check_dims(sig: Signature, where: str, name: str) -> None:
                     continue
                 is_b = isinstance(d, Batch)
                 if batch.setdefault(d.name, is_b) != is_b:
-                    raise DSLError(f"{where}: op '{name}': dim {d.name} is Batch in '{p.name}' "
-                                   f"but plain elsewhere")
+                    here, there = ("Batch", "plain") if is_b else ("plain", "Batch")
+                    raise DSLError(f"{where}: op '{name}': dim {d.name} is {here} in '{p.name}' "
+                                   f"but {there} elsewhere")
 
 
 def op(fn: Callable[..., Any] | None = None, *, abi: Sequence[Any] = (), name: str | None = None,

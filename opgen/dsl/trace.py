@@ -52,6 +52,9 @@ class Tracer:
     op_name: str
     block: Block
     dtype_vars: dict[str, DTypeVar]
+    #: ``file:line`` for errors raised after the op body has returned (checks of its outputs),
+    #: when no frame of the op's source is on the stack any more.
+    location: str | None = None
 
     def __enter__(self) -> Tracer:
         self._token = _CURRENT.set(self)
@@ -69,7 +72,7 @@ class Tracer:
         return op
 
     def error(self, msg: str) -> DSLError:
-        return DSLError(f"{user_location()}: in op '{self.op_name}': {msg}")
+        return DSLError(f"{self.location or user_location()}: in op '{self.op_name}': {msg}")
 
     # --------------------------------------------------------------- dtype rules
     def members(self, name: str) -> tuple[dtypes.DType, ...]:

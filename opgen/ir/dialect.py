@@ -37,6 +37,7 @@ from xdsl.irdl import (
     IRDLOperation,
     irdl_attr_definition,
     irdl_op_definition,
+    opt_prop_def,
     operand_def,
     prop_def,
     region_def,
@@ -119,9 +120,10 @@ def is_dim_literal(d: str) -> bool:
 
 # ------------------------------------------------------------------------- dtype helpers
 
-def enclosing_func(op: Operation) -> FuncOp | None:
+def enclosing_func(op: Operation) -> Operation | None:
+    """The nearest enclosing op that declares dtype variables (opgen.func, sched.kernel)."""
     p = op.parent_op()
-    while p is not None and not isinstance(p, FuncOp):
+    while p is not None and not hasattr(p, "dtype_var_map"):
         p = p.parent_op()
     return p
 
@@ -131,9 +133,10 @@ def dtype_members(op: Operation, name: str) -> tuple[dtypes.DType, ...]:
     if name in dtypes.BY_NAME:
         return (dtypes.BY_NAME[name],)
     f = enclosing_func(op)
-    if f is None or name not in f.dtype_var_map():
+    vars_ = f.dtype_var_map() if f is not None else {}  # type: ignore[attr-defined]
+    if name not in vars_:
         raise VerifyException(f"{op.name}: unknown element type {name!r}")
-    return f.dtype_var_map()[name]
+    return vars_[name]
 
 
 def _kinds(op: Operation, name: str) -> set[str]:
@@ -186,6 +189,7 @@ class FuncOp(IRDLOperation):
     sym_name = prop_def(StringAttr)
     arg_names = prop_def(ArrayAttr[StringAttr])
     dtype_vars = prop_def(DictionaryAttr)
+    may_alias = opt_prop_def(ArrayAttr[StringAttr])
     body = region_def("single_block")
 
     traits = traits_def(IsolatedFromAbove())
@@ -204,6 +208,11 @@ class FuncOp(IRDLOperation):
             },
             regions=[Region(block)],
         )
+
+    @property
+    def aliased_outputs(self) -> tuple[str, ...]:
+        """Outputs the caller may pass as the same buffer as an input."""
+        return tuple(a.data for a in self.may_alias.data) if self.may_alias else ()
 
     def dtype_var_map(self) -> dict[str, tuple[dtypes.DType, ...]]:
         return {k: tuple(dtypes.by_name(x.data) for x in v.data)  # type: ignore[union-attr]

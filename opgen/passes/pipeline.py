@@ -16,12 +16,17 @@ from xdsl.transforms.common_subexpression_elimination import CommonSubexpression
 from xdsl.transforms.dead_code_elimination import DeadCodeElimination
 
 from opgen.ir.dialect import Opgen
+from opgen.lower.sched import Sched
+from opgen.lower.to_loops import LowerToLoops
 
 #: Tensor-level (L0) clean-up shared by every target.
 L0: list[ModulePass] = [CanonicalizePass(), CommonSubexpressionElimination(), DeadCodeElimination()]
 
 PIPELINES: dict[str, list[ModulePass]] = {
     "l0": L0,
+    # C11 + OpenMP: loops over buffers; the printer maps the outermost parallel loop to OpenMP
+    # and splits reductions into fixed lanes (opgen/emit/cpu.py).
+    "cpu": [*L0, LowerToLoops()],
 }
 
 
@@ -29,6 +34,7 @@ def context() -> Context:
     ctx = Context()
     ctx.load_dialect(Builtin)
     ctx.load_dialect(Opgen)
+    ctx.load_dialect(Sched)
     return ctx
 
 

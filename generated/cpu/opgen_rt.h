@@ -1,0 +1,112 @@
+/* opgen_rt.h — internal runtime shared by the generated kernels (not installed). Generated. */
+#ifndef OPGEN_RT_H
+#define OPGEN_RT_H
+
+#include "opgen.h"
+#include <math.h>
+#include <string.h>
+
+#define OPGEN_MAX_RANK 8
+#define OPGEN_MAX_PARAMS 24
+#define OPGEN_MAX_DIMS 16
+#define OPGEN_MAX_VARS 8
+
+/* A bound buffer as a kernel sees it: logical strides (elements); `ro`, when not NULL, holds
+ * the element offset of each row of a Batch dim spread over several physical axes. */
+typedef struct {
+    void *data;
+    int64_t st[OPGEN_MAX_RANK];
+    const int64_t *ro;
+} opgen_buf_t;
+
+typedef union {
+    float f;
+    int64_t i;
+    bool b;
+} opgen_scalar_t;
+
+typedef opgen_status_t (*opgen_kernel_fn)(const opgen_buf_t *bufs, const int64_t *dims,
+                                          const opgen_scalar_t *sc, char *ws);
+typedef size_t (*opgen_ws_fn)(const int64_t *dims);
+
+enum { OPGEN_P_TENSOR = 0, OPGEN_P_F32 = 1, OPGEN_P_I64 = 2, OPGEN_P_BOOL = 3, OPGEN_P_SIZE = 4 };
+
+typedef struct {
+    const char *name;
+    uint8_t kind, is_output, optional, last_contig, batch;
+    int8_t dtype_var;       /* -1: fixed dtype (only one bit set in dtype_mask) */
+    uint32_t dtype_mask;    /* allowed opgen_dtype_t values */
+    int8_t rank;            /* logical rank (a Batch dim counts once) */
+    int8_t dims[OPGEN_MAX_RANK]; /* dim id, or -1 for a literal size in lit[] */
+    int64_t lit[OPGEN_MAX_RANK];
+    int8_t batch_min, batch_max;
+    int8_t size_dim;        /* OPGEN_P_SIZE: the dim it gives */
+} opgen_param_t;
+
+typedef struct {
+    uint8_t dtypes[OPGEN_MAX_VARS];
+    opgen_kernel_fn fn;
+    opgen_ws_fn ws;
+} opgen_kernel_entry_t;
+
+typedef struct {
+    uint32_t present;       /* bit k: k-th optional parameter given */
+    opgen_status_t rejected;  /* != SUCCESS: this combination is refused with this status */
+    const char *message;
+    int n_kernels;
+    const opgen_kernel_entry_t *kernels;
+} opgen_variant_t;
+
+typedef struct {
+    const char *name;
+    int n_params, n_dims, n_vars, n_variants, n_alias;
+    const opgen_param_t *params;
+    const char *const *dim_names;
+    const opgen_variant_t *variants;
+    const int8_t (*alias)[2]; /* (output param, input param) pairs that may share memory */
+} opgen_op_t;
+
+/* Validate and run (or, with validate_only, just size) one call. tensors[k] is the k-th
+ * parameter's descriptor (NULL if absent or not a tensor); scalars[k] its scalar value. */
+opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tensors,
+                         const opgen_scalar_t *scalars, void *ws, size_t ws_size,
+                         size_t *ws_needed, int validate_only);
+
+opgen_status_t opgen_fail(opgen_status_t st, const char *fmt, ...);
+
+/* Stable counting sort of n indices (already range-checked) into rows segments. */
+void opgen_segments(const int64_t *idx, int64_t n, int64_t rows, int64_t *start, int64_t *order);
+
+static inline size_t opgen_align(size_t x) { return (x + 63) & ~(size_t)63; }
+
+/* f16 / bf16 <-> f32 with round-to-nearest-even (NaN stays NaN). */
+static inline float opgen_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t opgen_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static inline float opgen_f16_to_f32(uint16_t h) {
+    _Float16 x;
+    memcpy(&x, &h, 2);
+    return (float)x;
+}
+static inline uint16_t opgen_f32_to_f16(float f) {
+    _Float16 x = (_Float16)f;
+    uint16_t h;
+    memcpy(&h, &x, 2);
+    return h;
+}
+/* float -> integer: truncation toward zero; NaN or out of range gives the type's minimum
+ * (for signed types, so it fails any index range check) or maximum (unsigned). */
+#define OPGEN_F2I(T, x, lo, hi, bad) \
+    ((x) == (x) && (double)(x) > (double)(lo) - 1.0 && (double)(x) < (double)(hi) + 1.0 ? (T)(x) : (T)(bad))
+
+#endif /* OPGEN_RT_H */

@@ -1,0 +1,466 @@
+"""One C-family printer for ``sched`` kernels; targets subclass it with small hooks.
+
+The printer turns a ``sched.kernel`` plus a dtype binding into one C function. Scalars live in
+their compute type (float for f16/bf16/f32, double for f64); loads widen and stores round once.
+Reduction loops are printed with a fixed number of lanes combined in a fixed order, so results
+are bitwise identical for any thread count and any buffer alignment (and gcc vectorises them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from xdsl.ir import Operation, SSAValue
+
+from opgen import dtypes
+from opgen.dtypes import DType
+from opgen.ir import dialect as ir
+from opgen.lower import sched as s
+
+LANES = 16
+
+
+@dataclass(frozen=True)
+class BufInfo:
+    """How a kernel argument buffer is addressed."""
+
+    param_index: int
+    batch: bool
+    last_contig: bool
+
+
+def c_literal(value: float | int | bool, d: DType) -> str:
+    if d.is_bool:
+        return "true" if value else "false"
+    if d.is_int:
+        v = int(value)
+        if d.kind == "uint":
+            return f"{v}u" if d.bits <= 32 else f"{v}ull"
+        if d.bits == 64:
+            return "INT64_MIN" if v == -(2**63) else f"{v}ll"
+        return str(v)
+    f = float(value)
+    suffix = "f" if d.compute == dtypes.F32 else ""
+    if math.isnan(f):
+        return "NAN" if suffix else "(double)NAN"
+    if math.isinf(f):
+        return ("-" if f < 0 else "") + ("INFINITY" if suffix else "(double)INFINITY")
+    text = repr(float(dtypes.F32.np_dtype.type(f))) if suffix else repr(f)
+    if "e" not in text and "." not in text:
+        text += ".0"
+    return text + suffix
+
+
+class CPrinter:
+    """Prints one kernel instantiation. Subclasses override the ``*_hook`` methods."""
+
+    restrict = "restrict"
+
+    def __init__(self, kernel: s.KernelOp, binding: dict[str, DType], fn_name: str,
+                 buf_info: dict[str, BufInfo], dim_ids: dict[str, int], param_index: dict[str, int]):
+        self.param_index = param_index
+        self.k = kernel
+        self.binding = binding
+        self.fn_name = fn_name
+        self.buf_info = buf_info
+        self.dim_ids = dim_ids
+        self.names: dict[SSAValue, str] = {}
+        self.lines: list[str] = []
+        self.depth = 1
+        self.counter = 0
+        self.lanes: dict[SSAValue, str] = {}  # local accumulators currently split into lanes
+        self.scratch: list[tuple[str, str, str]] = []  # per-thread scratch: (name, ctype, count)
+        self.temps: list[tuple[str, str, str]] = []  # workspace temps: (name, ctype, count)
+
+    # ------------------------------------------------------------------ types
+    def dtype(self, name: str) -> DType:
+        return dtypes.BY_NAME[name] if name in dtypes.BY_NAME else self.binding[name]
+
+    def ctype(self, name: str) -> str:
+        """C type of a value held in registers (compute type)."""
+        d = self.dtype(name).compute
+        return d.c_type
+
+    def storage_ctype(self, b: s.BufType) -> str:
+        d = self.dtype(b.dtype)
+        return d.c_type if b.role.data in ("in", "out") else d.compute.c_type
+
+    def dim(self, d: str) -> str:
+        if d.isdigit():
+            return d + "ll"
+        base, _, plus = d.partition("+")
+        return f"(d_{base} + {plus})" if plus else f"d_{base}"
+
+    # ------------------------------------------------------------------ output
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+    def fresh(self, prefix: str = "v") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def name(self, v: SSAValue) -> str:
+        return self.names[v]
+
+    def define(self, v: SSAValue, expr: str) -> None:
+        n = self.fresh()
+        self.names[v] = n
+        self.line(f"const {self.ctype(ir.tensor_type(v).dtype)} {n} = {expr};")
+
+    # ------------------------------------------------------------------ addressing
+    def offset(self, buf: SSAValue, idx: list[SSAValue]) -> str:
+        b = s.buf_type(buf)
+        bn = self.name(buf)
+        terms = []
+        info = self.buf_info.get(bn)
+        for i, v in enumerate(idx):
+            iv = self.name(v)
+            if b.role.data in ("in", "out"):
+                assert info is not None
+                if i == 0 and info.batch:
+                    terms.append(f"(ro_{bn} ? ro_{bn}[{iv}] : {iv} * st_{bn}_0)")
+                elif i == b.rank - 1 and info.last_contig:
+                    terms.append(iv)
+                else:
+                    terms.append(f"{iv} * st_{bn}_{i}")
+            else:
+                stride = " * ".join(self.dim(d) for d in b.shape[i + 1:])
+                terms.append(f"{iv} * {stride}" if stride else iv)
+        return " + ".join(terms) or "0"
+
+    def load_expr(self, buf: SSAValue, idx: list[SSAValue]) -> str:
+        b = s.buf_type(buf)
+        if b.rank == 0 and b.role.data == "local":
+            return self.lanes.get(buf, self.name(buf))
+        raw = f"{self.name(buf)}[{self.offset(buf, idx)}]"
+        d = self.dtype(b.dtype)
+        if b.role.data in ("in", "out"):
+            if d == dtypes.BF16:
+                return f"opgen_bf16_to_f32({raw})"
+            if d == dtypes.F16:
+                return f"opgen_f16_to_f32({raw})"
+        return raw
+
+    def store_value(self, b: s.BufType, value: str, vdtype: str) -> str:
+        d = self.dtype(b.dtype)
+        if b.role.data in ("in", "out"):
+            if d == dtypes.BF16:
+                return f"opgen_f32_to_bf16({value})"
+            if d == dtypes.F16:
+                return f"opgen_f32_to_f16({value})"
+        if self.dtype(vdtype).compute != d.compute:
+            return f"({self.ctype(b.dtype)})({value})"
+        return value
+
+    def lvalue(self, buf: SSAValue, idx: list[SSAValue]) -> str:
+        b = s.buf_type(buf)
+        if b.rank == 0 and b.role.data == "local":
+            return self.lanes.get(buf, self.name(buf))
+        return f"{self.name(buf)}[{self.offset(buf, idx)}]"
+
+    # ------------------------------------------------------------------ scalar ops
+    UNARY_F = {ir.ExpOp: "exp", ir.LogOp: "log", ir.SqrtOp: "sqrt", ir.TanhOp: "tanh"}
+    BINARY = {ir.AddOp: "+", ir.SubOp: "-", ir.MulOp: "*", ir.AndOp: "&&", ir.OrOp: "||"}
+    CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+    def fmath(self, fn: str, dtype: str) -> str:
+        return fn + ("f" if self.dtype(dtype).compute == dtypes.F32 else "")
+
+    def scalar_expr(self, op: Operation) -> str:  # noqa: PLR0911, PLR0912 - a dispatch table
+        if isinstance(op, ir.ConstantOp):
+            return c_literal(op.number, self.dtype(ir.tensor_type(op.result).dtype))
+        if isinstance(op, ir.DimOp):
+            return self.dim(op.dim.data)
+        rt = ir.tensor_type(op.results[0]).dtype
+        args = [self.name(o) for o in op.operands]
+        if isinstance(op, s.LoadOp):
+            return self.load_expr(op.buf, list(op.idx))
+        if isinstance(op, s.LoadBitOp):
+            b = s.buf_type(op.buf)
+            i = self.name(op.i)
+            if self.dtype(b.dtype) == dtypes.BOOL:
+                return f"{self.name(op.buf)}[{self.offset(op.buf, [op.i])}]"
+            byte = f"{self.name(op.buf)}[({i} >> 3) * st_{self.name(op.buf)}_0]"
+            return f"(bool)(({byte} >> ({i} & 7)) & 1)"
+        if isinstance(op, s.FlagsOp):
+            return "8ll" if self.dtype(s.buf_type(op.buf).dtype) == dtypes.U8 else "1ll"
+        if type(op) in self.UNARY_F:
+            return f"{self.fmath(self.UNARY_F[type(op)], rt)}({args[0]})"
+        if isinstance(op, ir.RsqrtOp):
+            one = c_literal(1.0, self.dtype(rt))
+            return f"{one} / {self.fmath('sqrt', rt)}({args[0]})"
+        if isinstance(op, ir.RecipOp):
+            return f"{c_literal(1.0, self.dtype(rt))} / {args[0]}"
+        if isinstance(op, ir.SigmoidOp):
+            one = c_literal(1.0, self.dtype(rt))
+            return f"{one} / ({one} + {self.fmath('exp', rt)}(-{args[0]}))"
+        if isinstance(op, ir.NegOp):
+            return f"-{args[0]}"
+        if isinstance(op, ir.AbsOp):
+            return f"({args[0]} < 0 ? -{args[0]} : {args[0]})"
+        if isinstance(op, ir.NotOp):
+            return f"!{args[0]}"
+        if isinstance(op, ir.PowOp):
+            return f"{self.fmath('pow', rt)}({args[0]}, {args[1]})"
+        if isinstance(op, ir.DivOp):
+            if self.dtype(rt).is_float:
+                return f"{args[0]} / {args[1]}"
+            return f"({args[1]} == 0 ? 0 : {args[0]} / {args[1]})"
+        if isinstance(op, ir.MaxOp):
+            return f"(({args[0]} > {args[1]} || {args[0]} != {args[0]}) ? {args[0]} : {args[1]})"
+        if isinstance(op, ir.MinOp):
+            return f"(({args[0]} < {args[1]} || {args[0]} != {args[0]}) ? {args[0]} : {args[1]})"
+        if type(op) in self.BINARY:
+            return f"{args[0]} {self.BINARY[type(op)]} {args[1]}"
+        if isinstance(op, ir.CmpOp):
+            return f"{args[0]} {self.CMP[op.predicate.data]} {args[1]}"
+        if isinstance(op, ir.SelectOp):
+            return f"{args[0]} ? {args[1]} : {args[2]}"
+        if isinstance(op, ir.CastOp):
+            return self.cast_expr(args[0], ir.tensor_type(op.x).dtype, rt)
+        raise NotImplementedError(f"C printer: no rule for {op.name}")
+
+    def cast_expr(self, x: str, src: str, dst: str) -> str:
+        a, b = self.dtype(src).compute, self.dtype(dst).compute
+        if a == b:
+            return x
+        if b.is_bool:
+            return f"({x} != 0)"
+        if a.is_float and b.is_int:
+            lo, hi = (0, 2**b.bits - 1) if b.kind == "uint" else (-(2 ** (b.bits - 1)), 2 ** (b.bits - 1) - 1)
+            bad = c_literal(hi if b.kind == "uint" else lo, b)
+            return f"OPGEN_F2I({b.c_type}, {x}, {c_literal(lo, b)}, {c_literal(hi, b)}, {bad})"
+        return f"({b.c_type})({x})"
+
+    # ------------------------------------------------------------------ statements
+    def walk(self, ops: Iterator[Operation]) -> None:
+        for op in ops:
+            self.stmt(op)
+
+    def stmt(self, op: Operation) -> None:  # noqa: PLR0912
+        if isinstance(op, s.ForOp):
+            self.loop(op)
+        elif isinstance(op, s.AllocOp):
+            self.alloc(op)
+        elif isinstance(op, s.StoreOp):
+            b = s.buf_type(op.buf)
+            val = self.store_value(b, self.name(op.value), ir.tensor_type(op.value).dtype)
+            self.line(f"{self.lvalue(op.buf, list(op.idx))} = {val};")
+        elif isinstance(op, s.AccumOp):
+            target = self.lvalue(op.buf, list(op.idx))
+            v = self.name(op.value)
+            kind = op.kind.data
+            if kind == "sum":
+                self.line(f"{target} += {v};")
+            else:
+                cmp = ">" if kind == "max" else "<"
+                self.line(f"if ({v} {cmp} {target} || {v} != {v}) {target} = {v};")
+        elif isinstance(op, s.FailOp):
+            st = "OPGEN_ERR_" + {"index": "INDEX", "param": "PARAM", "shape": "SHAPE"}[op.status.data]
+            msg = op.message.data.replace('"', "'")
+            self.line(f'if (!({self.name(op.cond)})) return opgen_fail({st}, "{self.k.sym_name.data}: {msg}");')
+        elif isinstance(op, s.SegmentsOp):
+            n = self.dim(s.buf_type(op.idx).shape[0])
+            self.line(f"opgen_segments({self.name(op.idx)}, {n}, {self.name(op.rows)}, "
+                      f"{self.name(op.start)}, {self.name(op.order)});")
+        elif isinstance(op, s.MatmulOp):
+            self.matmul(op)
+        elif op.results:
+            self.define(op.results[0], self.scalar_expr(op))
+        else:
+            raise NotImplementedError(f"C printer: no statement rule for {op.name}")
+
+    def alloc(self, op: s.AllocOp) -> None:
+        b = s.buf_type(op.result)
+        ct = self.storage_ctype(b)
+        n = self.fresh("l" if b.role.data == "local" else "t")
+        self.names[op.result] = n
+        zero = op.zero is not None and op.zero.data
+        if b.rank == 0:
+            self.line(f"{ct} {n}{' = 0' if zero else ''};")
+            return
+        count = " * ".join(f"(size_t){self.dim(d)}" for d in b.shape)
+        if b.role.data == "temp":
+            self.temps.append((n, ct, count))
+        else:
+            self.scratch.append((n, ct, count))
+            self.line(f"{ct} *{self.restrict} {n} = {n}_base + (size_t)opgen_thread() * ({count});")
+        if zero:
+            self.line(f"memset({n}, 0, sizeof({ct}) * {count});")
+
+    def loop(self, op: s.ForOp) -> None:
+        iv = self.fresh("i")
+        self.names[op.iv] = iv
+        lo, hi = self.name(op.lo), self.name(op.hi)
+        body = list(op.body.block.ops)
+        accs = [o for o in body if isinstance(o, s.AccumOp) and s.buf_type(o.buf).rank == 0]
+        if op.kind.data == "reduce" and accs and not any(isinstance(o, s.ForOp) for o in body):
+            self.lane_loop(op, iv, lo, hi, accs)
+            return
+        self.loop_header_hook(op, iv, lo, hi)
+        self.depth += 1
+        self.walk(iter(body))
+        self.depth -= 1
+        self.line("}")
+
+    def loop_header_hook(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
+        self.line(f"for (int64_t {iv} = {lo}; {iv} < {hi}; {iv}++) {{")
+
+    def lane_loop(self, op: s.ForOp, iv: str, lo: str, hi: str, accs: list[s.AccumOp]) -> None:
+        """A reduction split into LANES fixed lanes, combined pairwise in a fixed order."""
+        self.line("{")
+        self.depth += 1
+        lane_names = {}
+        for a in accs:
+            ln = self.fresh("lane")
+            lane_names[a.buf] = ln
+            ct = self.storage_ctype(s.buf_type(a.buf))
+            self.line(f"{ct} {ln}[{LANES}];")
+            init = f"l ? 0 : {self.name(a.buf)}" if a.kind.data == "sum" else self.name(a.buf)
+            self.line(f"for (int l = 0; l < {LANES}; l++) {ln}[l] = {init};")
+        base = self.fresh("r")
+        self.line(f"int64_t {base} = {lo};")
+        for main in (True, False):
+            if main:
+                self.line(f"for (; {base} + {LANES} <= {hi}; {base} += {LANES}) {{")
+                self.line(f"    for (int l = 0; l < {LANES}; l++) {{")
+            else:
+                self.line(f"for (int l = 0; {base} + l < {hi}; l++) {{")
+                self.line("    {")
+            self.depth += 2
+            self.line(f"const int64_t {iv} = {base} + l;")
+            saved = dict(self.lanes)
+            for buf, ln in lane_names.items():
+                self.lanes[buf] = f"{ln}[l]"
+            self.walk(iter(op.body.block.ops))
+            self.lanes = saved
+            self.depth -= 2
+            self.line("    }")
+            self.line("}")
+        for a in accs:
+            ln = lane_names[a.buf]
+            kind = a.kind.data
+            width = LANES // 2
+            while width >= 1:
+                self.line(f"for (int l = 0; l < {width}; l++) "
+                          + (f"{ln}[l] += {ln}[l + {width}];" if kind == "sum" else
+                             f"if ({ln}[l + {width}] {'>' if kind == 'max' else '<'} {ln}[l] || "
+                             f"{ln}[l + {width}] != {ln}[l + {width}]) {ln}[l] = {ln}[l + {width}];"))
+                width //= 2
+            self.line(f"{self.name(a.buf)} = {ln}[0];")
+        self.depth -= 1
+        self.line("}")
+
+    def matmul(self, op: s.MatmulOp) -> None:
+        a, b, c = op.a, op.b, op.c
+        ta, tb = (t.data for t in op.trans.data)
+        cb = s.buf_type(c)
+        m_dim, n_dim = cb.shape
+        ab = s.buf_type(a)
+        k_dim = ab.shape[0] if ta else ab.shape[1]
+        i, j, k = self.fresh("i"), self.fresh("j"), self.fresh("k")
+        fake = {}
+        for v, nm in ((a, "A"), (b, "B")):
+            fake[nm] = v
+        acc = self.fresh("acc")
+        ct = self.ctype(cb.dtype)
+        self.parallel_pragma_hook()
+        self.line(f"for (int64_t {i} = 0; {i} < {self.dim(m_dim)}; {i}++) {{")
+        self.line(f"    for (int64_t {j} = 0; {j} < {self.dim(n_dim)}; {j}++) {{")
+        self.line(f"        {ct} {acc} = 0;")
+        self.line(f"        for (int64_t {k} = 0; {k} < {self.dim(k_dim)}; {k}++)")
+        ea = self._elem(a, (k, i) if ta else (i, k))
+        eb = self._elem(b, (j, k) if tb else (k, j))
+        self.line(f"            {acc} += ({ct}){ea} * ({ct}){eb};")
+        self.line(f"        {self.name(c)}[{self._raw_offset(c, (i, j))}] = "
+                  f"{self.store_value(cb, acc, cb.dtype)};")
+        self.line("    }")
+        self.line("}")
+
+    def _raw_offset(self, buf: SSAValue, idx: tuple[str, ...]) -> str:
+        tmp = []
+        for n in idx:
+            v = _Named(n)
+            self.names[v] = n  # type: ignore[index]
+            tmp.append(v)
+        try:
+            return self.offset(buf, tmp)  # type: ignore[arg-type]
+        finally:
+            for v in tmp:
+                del self.names[v]  # type: ignore[arg-type]
+
+    def _elem(self, buf: SSAValue, idx: tuple[str, ...]) -> str:
+        tmp = []
+        for n in idx:
+            v = _Named(n)
+            self.names[v] = n  # type: ignore[index]
+            tmp.append(v)
+        try:
+            return self.load_expr(buf, tmp)  # type: ignore[arg-type]
+        finally:
+            for v in tmp:
+                del self.names[v]  # type: ignore[arg-type]
+
+    def parallel_pragma_hook(self) -> None:
+        """Emitted before an outermost parallel loop (OpenMP on the CPU)."""
+
+    # ------------------------------------------------------------------ function
+    def print(self) -> str:
+        names = [a.data for a in self.k.arg_names.data]
+        prologue: list[str] = []
+        for n, a in zip(names, self.k.body.block.args, strict=True):
+            self.names[a] = n
+            t = a.type
+            if isinstance(t, s.BufType):
+                ct = self.storage_ctype(t)
+                const = "const " if t.role.data == "in" else ""
+                info = self.buf_info[n]
+                prologue.append(f"{const}{ct} *{self.restrict} {n} = ({const}{ct} *)bufs[{info.param_index}].data;")
+                used = [n]
+                for i in range(t.rank):
+                    if not (i == t.rank - 1 and info.last_contig):
+                        prologue.append(f"const int64_t st_{n}_{i} = bufs[{info.param_index}].st[{i}];")
+                        used.append(f"st_{n}_{i}")
+                if info.batch:
+                    prologue.append(f"const int64_t *ro_{n} = bufs[{info.param_index}].ro;")
+                    used.append(f"ro_{n}")
+                prologue.append(" ".join(f"(void){u};" for u in used))
+            else:
+                field = {"f32": "f", "i64": "i", "bool": "b"}[ir.tensor_type(a).dtype]
+                prologue.append(f"const {self.ctype(ir.tensor_type(a).dtype)} {n} = "
+                                f"sc[{self.param_index[n]}].{field}; (void){n};")
+        for d, i in self.dim_ids.items():
+            prologue.append(f"const int64_t d_{d} = dims[{i}]; (void)d_{d};")
+        self.walk(iter(self.k.body.block.ops))
+        body = self.lines
+        ws_lines = ["size_t off = 0;"]
+        carve = ["char *wp = ws;"]
+        for n, ct, count in self.temps:
+            carve.append(f"{ct} *{self.restrict} {n} = ({ct} *)(wp + off); off += opgen_align(sizeof({ct}) * {count});")
+            ws_lines.append(f"off += opgen_align(sizeof({ct}) * {count});")
+        for n, ct, count in self.scratch:
+            carve.append(f"{ct} *{n}_base = ({ct} *)(wp + off); "
+                         f"off += opgen_align(sizeof({ct}) * {count} * (size_t)opgen_threads());")
+            ws_lines.append(f"off += opgen_align(sizeof({ct}) * {count} * (size_t)opgen_threads());")
+        dims_decl = [f"const int64_t d_{d} = dims[{i}]; (void)d_{d};" for d, i in self.dim_ids.items()]
+        out = [f"static size_t {self.fn_name}_ws(const int64_t *dims) {{"]
+        out += ["    " + x for x in dims_decl + ws_lines + ["return off;"]]
+        out.append("}")
+        out.append(f"static opgen_status_t {self.fn_name}(const opgen_buf_t *bufs, const int64_t *dims, "
+                   f"const opgen_scalar_t *sc, char *ws) {{")
+        out += ["    " + x for x in prologue]
+        out += ["    size_t off = 0;"] + ["    " + x for x in carve]
+        out += body
+        out.append("    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;")
+        out.append("    return OPGEN_SUCCESS;")
+        out.append("}")
+        return "\n".join(out) + "\n"
+
+
+class _Named:
+    """A stand-in SSA value for printer-internal loop variables."""
+
+    def __init__(self, n: str):
+        self.n = n

@@ -1,0 +1,318 @@
+"""The ``sched`` dialect: destination-passing loop IR (L1), annotated per target into L2.
+
+A ``sched.kernel`` takes buffers (``!sched.buf``) and scalars (rank-0 ``!opgen.tensor``) and
+computes into its output buffers with explicit loops. Scalar arithmetic inside loops reuses the
+``opgen`` elementwise ops on rank-0 values, so one printer serves L0 math and L2 bodies.
+
+Loop kinds: ``parallel`` (iterations independent; a target may map them to threads/blocks),
+``serial`` (in order), ``reduce`` (a fixed-order sum into a local accumulator that a target may
+split into fixed lanes — never into a thread-count-dependent order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, StringAttr
+from xdsl.ir import (
+    Attribute,
+    Block,
+    Dialect,
+    ParametrizedAttribute,
+    Region,
+    SSAValue,
+    TypeAttribute,
+)
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+)
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
+from xdsl.traits import IsolatedFromAbove, NoTerminator
+from xdsl.utils.exceptions import VerifyException
+
+from opgen import dtypes
+from opgen.ir.dialect import TensorType, tensor_type
+
+INDEX = TensorType.make([], "i64")
+
+BUF_ROLES = ("in", "out", "temp", "local")
+
+
+@irdl_attr_definition
+class BufType(ParametrizedAttribute, TypeAttribute):
+    """``!sched.buf<[N, D], bf16, in>``: a strided view of memory.
+
+    Roles: ``in``/``out`` come from the caller (strides from the ABI descriptor), ``temp`` is a
+    contiguous workspace buffer, ``local`` a per-iteration scratch (registers or stack).
+    """
+
+    name = "sched.buf"
+
+    dims: ArrayAttr[StringAttr]
+    elem: StringAttr
+    role: StringAttr
+
+    @staticmethod
+    def make(shape: Sequence[str | int], dtype: str, role: str) -> BufType:
+        return BufType(ArrayAttr([StringAttr(str(d)) for d in shape]), StringAttr(dtype),
+                       StringAttr(role))
+
+    @property
+    def shape(self) -> tuple[str, ...]:
+        return tuple(d.data for d in self.dims.data)
+
+    @property
+    def dtype(self) -> str:
+        return self.elem.data
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims.data)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
+        parser.parse_punctuation("<")
+        parser.parse_punctuation("[")
+        dims: list[StringAttr] = []
+        if parser.parse_optional_punctuation("]") is None:
+            while True:
+                num = parser.parse_optional_integer(allow_boolean=False)
+                dims.append(StringAttr(str(num) if num is not None else parser.parse_identifier()))
+                if parser.parse_optional_punctuation(",") is None:
+                    break
+            parser.parse_punctuation("]")
+        parser.parse_punctuation(",")
+        elem = parser.parse_identifier()
+        parser.parse_punctuation(",")
+        role = parser.parse_identifier()
+        parser.parse_punctuation(">")
+        return [ArrayAttr(dims), StringAttr(elem), StringAttr(role)]
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<[{', '.join(self.shape)}], {self.dtype}, {self.role.data}>")
+
+    def verify(self) -> None:
+        if self.role.data not in BUF_ROLES:
+            raise VerifyException(f"sched.buf: role must be one of {BUF_ROLES}")
+
+
+def buf_type(v: SSAValue) -> BufType:
+    t = v.type
+    if not isinstance(t, BufType):
+        raise VerifyException(f"expected a !sched.buf, got {t}")
+    return t
+
+
+def _check_indices(op: IRDLOperation, buf: SSAValue, idx: Sequence[SSAValue]) -> None:
+    b = buf_type(buf)
+    if len(idx) != b.rank:
+        raise VerifyException(f"{op.name}: {len(idx)} indices for a rank-{b.rank} buffer")
+    for i in idx:
+        if tensor_type(i) != INDEX:
+            raise VerifyException(f"{op.name}: indices must be i64 scalars")
+
+
+@irdl_op_definition
+class KernelOp(IRDLOperation):
+    """A kernel: block arguments are the op's parameters as buffers or scalars, in order."""
+
+    name = "sched.kernel"
+    sym_name = prop_def(StringAttr)
+    arg_names = prop_def(ArrayAttr[StringAttr])
+    dtype_vars = prop_def(DictionaryAttr)
+    body = region_def("single_block")
+    traits = traits_def(IsolatedFromAbove(), NoTerminator())
+
+    def __init__(self, sym_name: str, arg_names: Sequence[str], arg_types: Sequence[Attribute],
+                 dtype_vars: DictionaryAttr):
+        block = Block(arg_types=arg_types)
+        for a, n in zip(block.args, arg_names, strict=True):
+            a.name_hint = n
+        super().__init__(properties={"sym_name": StringAttr(sym_name),
+                                     "arg_names": ArrayAttr([StringAttr(n) for n in arg_names]),
+                                     "dtype_vars": dtype_vars},
+                         regions=[Region(block)])
+
+    def dtype_var_map(self) -> dict[str, tuple[dtypes.DType, ...]]:
+        return {k: tuple(dtypes.by_name(x.data) for x in v.data)  # type: ignore[union-attr]
+                for k, v in self.dtype_vars.data.items()}
+
+
+@irdl_op_definition
+class AllocOp(IRDLOperation):
+    """A ``temp`` (workspace) or ``local`` (scratch) buffer; ``init`` zero-fills it."""
+
+    name = "sched.alloc"
+    result = result_def(BufType)
+    zero = opt_prop_def(IntAttr)
+    traits = traits_def()
+
+    def __init__(self, t: BufType, zero: bool = False):
+        super().__init__(result_types=[t], properties={"zero": IntAttr(int(zero))})
+
+    def verify_(self) -> None:
+        if buf_type(self.result).role.data not in ("temp", "local"):
+            raise VerifyException("sched.alloc: only temp/local buffers are allocated")
+
+
+LOOP_KINDS = ("parallel", "serial", "reduce")
+
+
+@irdl_op_definition
+class ForOp(IRDLOperation):
+    """``for i in [lo, hi)``: the region's block argument is ``i``."""
+
+    name = "sched.for"
+    lo = operand_def(TensorType)
+    hi = operand_def(TensorType)
+    kind = prop_def(StringAttr)
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator())
+
+    def __init__(self, lo: SSAValue, hi: SSAValue, kind: str, hint: str = "i"):
+        block = Block(arg_types=[INDEX])
+        block.args[0].name_hint = hint
+        super().__init__(operands=[lo, hi], properties={"kind": StringAttr(kind)},
+                         regions=[Region(block)])
+
+    @property
+    def iv(self) -> SSAValue:
+        return self.body.block.args[0]
+
+    def verify_(self) -> None:
+        if self.kind.data not in LOOP_KINDS:
+            raise VerifyException(f"sched.for: kind must be one of {LOOP_KINDS}")
+        if tensor_type(self.lo) != INDEX or tensor_type(self.hi) != INDEX:
+            raise VerifyException("sched.for: bounds must be i64 scalars")
+
+
+@irdl_op_definition
+class LoadOp(IRDLOperation):
+    """``buf[idx...]`` widened to the compute type of the buffer's dtype."""
+
+    name = "sched.load"
+    buf = operand_def(BufType)
+    idx = var_operand_def(TensorType)
+    result = result_def(TensorType)
+
+    def __init__(self, buf: SSAValue, idx: Sequence[SSAValue]):
+        super().__init__(operands=[buf, idx], result_types=[TensorType.make([], buf_type(buf).dtype)])
+
+    def verify_(self) -> None:
+        _check_indices(self, self.buf, self.idx)
+
+
+@irdl_op_definition
+class LoadBitOp(IRDLOperation):
+    """Flag ``i`` of a mask buffer: bit ``i % 8`` of byte ``i / 8`` (u8) or element ``i`` (bool)."""
+
+    name = "sched.load_bit"
+    buf = operand_def(BufType)
+    i = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    def __init__(self, buf: SSAValue, i: SSAValue):
+        super().__init__(operands=[buf, i], result_types=[TensorType.make([], "bool")])
+
+
+@irdl_op_definition
+class FlagsOp(IRDLOperation):
+    """Flags held per element of a mask buffer: 8 for u8 (bit-packed), 1 for bool."""
+
+    name = "sched.flags_per_elem"
+    buf = operand_def(BufType)
+    result = result_def(TensorType)
+
+    def __init__(self, buf: SSAValue):
+        super().__init__(operands=[buf], result_types=[INDEX])
+
+
+@irdl_op_definition
+class StoreOp(IRDLOperation):
+    """``buf[idx...] = value`` (rounded to the buffer's dtype)."""
+
+    name = "sched.store"
+    value = operand_def(TensorType)
+    buf = operand_def(BufType)
+    idx = var_operand_def(TensorType)
+
+    def __init__(self, value: SSAValue, buf: SSAValue, idx: Sequence[SSAValue]):
+        super().__init__(operands=[value, buf, idx])
+
+    def verify_(self) -> None:
+        _check_indices(self, self.buf, self.idx)
+
+
+@irdl_op_definition
+class AccumOp(IRDLOperation):
+    """``buf[idx...] = buf[idx...] (kind) value`` with kind sum/max/min."""
+
+    name = "sched.accum"
+    value = operand_def(TensorType)
+    buf = operand_def(BufType)
+    idx = var_operand_def(TensorType)
+    kind = prop_def(StringAttr)
+
+    def __init__(self, kind: str, value: SSAValue, buf: SSAValue, idx: Sequence[SSAValue]):
+        super().__init__(operands=[value, buf, idx], properties={"kind": StringAttr(kind)})
+
+    def verify_(self) -> None:
+        _check_indices(self, self.buf, self.idx)
+
+
+@irdl_op_definition
+class SegmentsOp(IRDLOperation):
+    """Stable counting sort of an index buffer into ``rows`` segments: ``start`` (rows+1) and
+    ``order`` (n sorted by index, ties in increasing n). Indices are range-checked beforehand."""
+
+    name = "sched.segments"
+    idx = operand_def(BufType)
+    start = operand_def(BufType)
+    order = operand_def(BufType)
+    rows = operand_def(TensorType)
+
+    def __init__(self, idx: SSAValue, start: SSAValue, order: SSAValue, rows: SSAValue):
+        super().__init__(operands=[idx, start, order, rows])
+
+
+@irdl_op_definition
+class FailOp(IRDLOperation):
+    """Return ``status`` from the kernel when ``cond`` is false (before any output is written)."""
+
+    name = "sched.require"
+    cond = operand_def(TensorType)
+    status = prop_def(StringAttr)
+    message = prop_def(StringAttr)
+
+    def __init__(self, cond: SSAValue, status: str, message: str):
+        super().__init__(operands=[cond], properties={"status": StringAttr(status),
+                                                      "message": StringAttr(message)})
+
+
+@irdl_op_definition
+class MatmulOp(IRDLOperation):
+    """``C (=|+=) op(A) @ op(B)`` on 2-D buffers; ``trans`` flags per operand."""
+
+    name = "sched.matmul"
+    a = operand_def(BufType)
+    b = operand_def(BufType)
+    c = operand_def(BufType)
+    trans = prop_def(ArrayAttr[IntAttr])
+
+    def __init__(self, a: SSAValue, b: SSAValue, c: SSAValue, trans_a: bool, trans_b: bool):
+        super().__init__(operands=[a, b, c],
+                         properties={"trans": ArrayAttr([IntAttr(int(trans_a)), IntAttr(int(trans_b))])})
+
+
+Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, LoadOp, LoadBitOp, FlagsOp, StoreOp, AccumOp, SegmentsOp,
+                          FailOp, MatmulOp], [BufType])

@@ -1,0 +1,389 @@
+"""``lower-to-loops``: L0 tensor functions -> ``sched`` kernels in destination-passing style.
+
+Values that must live in memory ("materialised") are the results of reductions, scatter-adds,
+bincounts and matmuls, matmul operands, and every index tensor used by gather/scatter/bincount
+(which is range-checked while it is materialised). Everything else — elementwise math,
+broadcasts, transposes, casts, iota, gather, unpacked masks — is inlined as scalar code at each
+use and hoisted to the outermost loop where its indices are known.
+
+Kernel order: run-time checks, index tensors (range-checked: an error returns before any output
+is touched), intermediate values, then outputs; outputs that may alias an input come last.
+Scatter-add is owner-computes over a stable counting sort of its indices: each output row sums
+its contributions in increasing input order, so the result is deterministic on any thread count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.passes import ModulePass
+
+from opgen.ir import dialect as ir
+from opgen.lower import sched as s
+
+MATERIALISED = (ir.ReduceOp, ir.ScatterAddOp, ir.BincountOp, ir.MatmulOp)
+
+
+@dataclass
+class _Level:
+    block: Block
+    loop: Operation | None  # the child loop currently being filled at this level (insert before)
+    ivs: set[SSAValue] = field(default_factory=set)
+
+
+class _Builder:
+    """Builds nested loops, placing each scalar op at the outermost level it can live at."""
+
+    def __init__(self, block: Block):
+        self.levels: list[_Level] = [_Level(block, None)]
+        self.level_of: dict[SSAValue, int] = {}
+        self.memo: dict[tuple, SSAValue] = {}
+
+    def _insert(self, op: Operation, level: int) -> None:
+        lv = self.levels[level]
+        child = lv.loop
+        if child is not None and child.parent is lv.block:
+            lv.block.insert_op_before(op, child)
+        else:
+            lv.block.add_op(op)
+
+    def level(self, v: SSAValue) -> int:
+        return self.level_of.get(v, 0)
+
+    def scalar(self, op: Operation, key: tuple | None = None, pinned: bool = False) -> SSAValue:
+        """Insert a pure scalar op at the deepest level among its operands (or innermost)."""
+        if key is not None and key in self.memo:
+            return self.memo[key]
+        lvl = len(self.levels) - 1 if pinned else max(
+            [self.level(o) for o in op.operands] + [0])
+        self._insert(op, lvl)
+        res = op.results[0]
+        self.level_of[res] = lvl
+        if key is not None:
+            self.memo[key] = res
+        return res
+
+    def stmt(self, op: Operation) -> None:
+        self._insert(op, len(self.levels) - 1)
+
+    def const(self, value: float | int, dtype: str) -> SSAValue:
+        return self.scalar(ir.ConstantOp(value, dtype), key=("const", value, dtype))
+
+    def dim(self, d: str) -> SSAValue:
+        if d.isdigit():
+            return self.const(int(d), "i64")
+        return self.scalar(ir.DimOp(d), key=("dim", d))
+
+    def open(self, lo: SSAValue, hi: SSAValue, kind: str, hint: str) -> SSAValue:
+        loop = s.ForOp(lo, hi, kind, hint)
+        self.stmt(loop)
+        self.levels[-1].loop = loop
+        self.levels.append(_Level(loop.body.block, None))
+        self.level_of[loop.iv] = len(self.levels) - 1
+        return loop.iv
+
+    def close(self) -> None:
+        self.levels.pop()
+        self.levels[-1].loop = None
+        # values memoised inside the closed loop are no longer visible
+        depth = len(self.levels)
+        self.memo = {k: v for k, v in self.memo.items() if self.level_of.get(v, 0) < depth}
+
+    def loops(self, dims: Sequence[str], kind: str, hint: str = "i") -> list[SSAValue]:
+        zero = self.const(0, "i64")
+        return [self.open(zero, self.dim(d), kind, f"{hint}{k}") for k, d in enumerate(dims)]
+
+    def close_n(self, n: int) -> None:
+        for _ in range(n):
+            self.close()
+
+
+class _Lowering:
+    def __init__(self, func: ir.FuncOp, aliases: set[str]):
+        self.func = func
+        self.aliases = aliases
+        names = [a.data for a in func.arg_names.data]
+        self.ret = func.body.block.last_op
+        assert isinstance(self.ret, ir.ReturnOp)
+        out_names = {n.data for n in self.ret.names.data}
+        arg_types = []
+        for n, a in zip(names, func.body.block.args, strict=True):
+            t = ir.tensor_type(a)
+            if t.rank == 0:
+                arg_types.append(t)
+            else:
+                arg_types.append(s.BufType.make(t.shape, t.dtype, "out" if n in out_names else "in"))
+        self.kernel = s.KernelOp(func.sym_name.data, names, arg_types, func.dtype_vars)
+        self.kblock = self.kernel.body.block
+        self.buf: dict[SSAValue, SSAValue] = {}  # L0 value -> buffer holding it
+        self.ibuf: dict[SSAValue, SSAValue] = {}  # index value -> its range-checked i64 copy
+        self.scalars: dict[SSAValue, SSAValue] = {}
+        for a, ka in zip(func.body.block.args, self.kblock.args, strict=True):
+            (self.scalars if ir.tensor_type(a).rank == 0 else self.buf)[a] = ka
+        self.arg_name = dict(zip(func.body.block.args, names, strict=True))
+
+    # ------------------------------------------------------------------ analysis
+    def materialised(self) -> list[SSAValue]:
+        need: dict[SSAValue, None] = {}
+        for op in self.func.body.block.ops:
+            if isinstance(op, MATERIALISED):
+                need[op.results[0]] = None
+            if isinstance(op, ir.MatmulOp):
+                for o in (op.lhs, op.rhs):
+                    base = o.owner.x if isinstance(o.owner, ir.TransposeOp) else o
+                    if base not in self.buf:
+                        need[base] = None
+        order = {v: i for i, op in enumerate(self.func.body.block.ops) for v in op.results}
+        return sorted(need, key=lambda v: order[v])
+
+    def index_values(self) -> dict[SSAValue, list[str]]:
+        """Index tensors of gather/scatter/bincount, with the row counts they must stay below."""
+        out: dict[SSAValue, list[str]] = {}
+        for op in self.func.body.block.ops:
+            if isinstance(op, ir.GatherOp):
+                rows = ir.tensor_type(op.table).shape[0]
+            elif isinstance(op, ir.ScatterAddOp | ir.BincountOp):
+                rows = ir.tensor_type(op.result).shape[0]
+            else:
+                continue
+            lst = out.setdefault(op.idx, [])
+            if rows not in lst:
+                lst.append(rows)
+        return out
+
+    # ------------------------------------------------------------------ scalar code
+    def emit(self, b: _Builder, v: SSAValue, idx: Sequence[SSAValue]) -> SSAValue:
+        """Scalar code computing ``v[idx]``."""
+        key = ("val", v, tuple(idx))
+        if key in b.memo:
+            return b.memo[key]
+        if v in self.scalars:
+            return self.scalars[v]
+        if v in self.buf:
+            buf = self.buf[v]
+            if s.buf_type(buf).rank == 0:
+                return b.scalar(s.LoadOp(buf, []), pinned=True)
+            return b.scalar(s.LoadOp(buf, list(idx)), key=key)
+        op = v.owner
+        assert isinstance(op, Operation)
+        res = self._emit_op(b, op, idx)
+        b.memo[key] = res
+        return res
+
+    def _emit_op(self, b: _Builder, op: Operation, idx: Sequence[SSAValue]) -> SSAValue:
+        if isinstance(op, ir.ConstantOp):
+            return b.const(op.number, ir.tensor_type(op.result).dtype)
+        if isinstance(op, ir.DimOp):
+            return b.dim(op.dim.data)
+        if isinstance(op, ir.FullOp):
+            return self.emit(b, op.value, [])
+        if isinstance(op, ir.IotaOp):
+            i = idx[op.axis.data]
+            dt = ir.tensor_type(op.result).dtype
+            return i if dt == "i64" else b.scalar(ir.CastOp(i, dt))
+        if isinstance(op, ir.BroadcastOp):
+            src = ir.tensor_type(op.x)
+            zero = b.const(0, "i64")
+            sub = [zero if src.shape[i] == "1" else idx[d] for i, d in enumerate(op.dim_map)]
+            return self.emit(b, op.x, sub)
+        if isinstance(op, ir.TransposeOp):
+            perm = op.permutation
+            return self.emit(b, op.x, [idx[perm.index(i)] for i in range(len(perm))])
+        if isinstance(op, ir.GatherOp):
+            row = b.scalar(s.LoadOp(self.ibuf[op.idx], list(idx[:1])), key=("idx", op.idx, idx[0]))
+            return self.emit(b, op.table, [row, *idx[1:]])
+        if isinstance(op, ir.UnpackBitsOp):
+            return b.scalar(s.LoadBitOp(self.buf[op.packed], idx[0]))
+        if isinstance(op, ir.CastOp):
+            return b.scalar(ir.CastOp(self.emit(b, op.x, idx), ir.tensor_type(op.result).dtype))
+        if isinstance(op, ir.SelectOp):
+            c, x, y = (self.emit(b, o, idx) for o in op.operands)
+            return b.scalar(ir.SelectOp(c, x, y))
+        if isinstance(op, ir.CmpOp):
+            x, y = (self.emit(b, o, idx) for o in op.operands)
+            return b.scalar(ir.CmpOp(op.predicate.data, x, y))
+        if isinstance(op, ir.BinaryOp):
+            x, y = (self.emit(b, o, idx) for o in op.operands)
+            return b.scalar(type(op)(x, y))
+        if isinstance(op, ir.UnaryOp):
+            return b.scalar(type(op)(self.emit(b, op.x, idx)))
+        raise NotImplementedError(f"lower-to-loops: cannot inline {op.name}")
+
+    # ------------------------------------------------------------------ kernels
+    def temp(self, v: SSAValue) -> SSAValue:
+        t = ir.tensor_type(v)
+        alloc = s.AllocOp(s.BufType.make(t.shape, t.dtype, "temp"))
+        self.kblock.add_op(alloc)
+        self.buf[v] = alloc.result
+        return alloc.result
+
+    def lower_value(self, v: SSAValue, dst: SSAValue) -> None:
+        """Compute L0 value ``v`` into buffer ``dst``."""
+        op = v.owner
+        t = ir.tensor_type(v)
+        b = _Builder(self.kblock)
+        if isinstance(op, ir.ReduceOp):
+            self._reduce(b, op, dst)
+        elif isinstance(op, ir.ScatterAddOp):
+            self._scatter(b, op, dst)
+        elif isinstance(op, ir.BincountOp):
+            self._bincount(b, op, dst)
+        elif isinstance(op, ir.MatmulOp):
+            self._matmul(op, dst)
+        else:
+            ivs = b.loops(t.shape, "parallel")
+            owner = v.owner
+            val = self._emit_op(b, owner, ivs) if isinstance(owner, Operation) \
+                else self.emit(b, v, ivs)
+            b.stmt(s.StoreOp(val, dst, ivs))
+            b.close_n(len(ivs))
+
+    def lower_index(self, v: SSAValue, rows: list[str]) -> None:
+        """Materialise index tensor ``v`` as i64, failing (status ``index``) on any value outside
+        ``[0, rows)`` before a single output element is written."""
+        t = ir.tensor_type(v)
+        alloc = s.AllocOp(s.BufType.make(t.shape, "i64", "temp"))
+        self.kblock.add_op(alloc)
+        self.ibuf[v] = alloc.result
+        b = _Builder(self.kblock)
+        ivs = b.loops(t.shape, "serial")
+        val = self.emit(b, v, ivs)
+        val = val if t.dtype == "i64" else b.scalar(ir.CastOp(val, "i64"))
+        zero = b.const(0, "i64")
+        for r in rows:
+            ok = b.scalar(ir.AndOp(b.scalar(ir.CmpOp("ge", val, zero)),
+                                   b.scalar(ir.CmpOp("lt", val, b.dim(r)))))
+            b.stmt(s.FailOp(ok, "index", f"index out of range [0, {r})"))
+        b.stmt(s.StoreOp(val, alloc.result, ivs))
+        b.close_n(len(ivs))
+
+    def _reduce(self, b: _Builder, op: ir.ReduceOp, dst: SSAValue) -> None:
+        src = ir.tensor_type(op.x)
+        axes = op.axis_list
+        keep = [d for i, d in enumerate(src.shape) if i not in axes]
+        outer = b.loops(keep, "parallel")
+        acc_t = s.BufType.make([], src.dtype, "local")
+        acc = s.AllocOp(acc_t, zero=op.kind.data == "sum")
+        b.stmt(acc)
+        if op.kind.data != "sum":
+            inf = float("inf") if op.kind.data == "min" else float("-inf")
+            init = b.scalar(ir.ConstantOp(inf, src.dtype), pinned=True)
+            b.stmt(s.StoreOp(init, acc.result, []))
+        inner = b.loops([src.shape[a] for a in axes], "reduce", "r")
+        full: list[SSAValue] = []
+        it_o, it_i = iter(outer), iter(inner)
+        for i in range(src.rank):
+            full.append(next(it_i) if i in axes else next(it_o))
+        b.stmt(s.AccumOp(op.kind.data, self.emit(b, op.x, full), acc.result, []))
+        b.close_n(len(inner))
+        b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc.result, []), pinned=True), dst, outer))
+        b.close_n(len(outer))
+
+    def _scatter(self, b: _Builder, op: ir.ScatterAddOp, dst: SSAValue) -> None:
+        rt = ir.tensor_type(op.result)
+        rows = rt.shape[0]
+        idx_buf = self.ibuf[op.idx]
+        n_dim = ir.tensor_type(op.idx).shape[0]
+        start = s.AllocOp(s.BufType.make([f"{rows}+1"], "i64", "temp"))
+        order = s.AllocOp(s.BufType.make([n_dim], "i64", "temp"))
+        self.kblock.add_op(start)
+        self.kblock.add_op(order)
+        b.stmt(s.SegmentsOp(idx_buf, start.result, order.result, b.dim(rows)))
+        (v,) = b.loops([rows], "parallel", "v")
+        rest = list(rt.shape[1:])
+        row = s.AllocOp(s.BufType.make(rest, rt.dtype, "local"), zero=True)
+        b.stmt(row)
+        one = b.const(1, "i64")
+        lo = b.scalar(s.LoadOp(start.result, [v]))
+        hi = b.scalar(s.LoadOp(start.result, [b.scalar(ir.AddOp(v, one))]))
+        seg = b.open(lo, hi, "serial", "s")
+        n = b.scalar(s.LoadOp(order.result, [seg]))
+        inner = b.loops(rest, "parallel", "d")
+        b.stmt(s.AccumOp("sum", self.emit(b, op.values, [n, *inner]), row.result, inner))
+        b.close_n(len(inner) + 1)
+        inner = b.loops(rest, "parallel", "d")
+        b.stmt(s.StoreOp(b.scalar(s.LoadOp(row.result, inner)), dst, [v, *inner]))
+        b.close_n(len(inner) + 1)
+
+    def _bincount(self, b: _Builder, op: ir.BincountOp, dst: SSAValue) -> None:
+        rt = ir.tensor_type(op.result)
+        (v,) = b.loops([rt.shape[0]], "parallel", "v")
+        b.stmt(s.StoreOp(b.const(0, rt.dtype), dst, [v]))
+        b.close()
+        n_dim = ir.tensor_type(op.idx).shape[0]
+        (n,) = b.loops([n_dim], "serial", "n")
+        row = b.scalar(s.LoadOp(self.ibuf[op.idx], [n]))
+        b.stmt(s.AccumOp("sum", b.const(1, rt.dtype), dst, [row]))
+        b.close()
+
+    def _matmul(self, op: ir.MatmulOp, dst: SSAValue) -> None:
+        def operand(v: SSAValue) -> tuple[SSAValue, bool]:
+            if isinstance(v.owner, ir.TransposeOp) and v.owner.x in self.buf:
+                return self.buf[v.owner.x], True
+            return self.buf[v], False
+
+        (a, ta), (bb, tb) = operand(op.lhs), operand(op.rhs)
+        self.kblock.add_op(s.MatmulOp(a, bb, dst, ta, tb))
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> s.KernelOp:
+        b = _Builder(self.kblock)
+        for op in self.func.body.block.ops:  # run-time preconditions first
+            if isinstance(op, ir.CheckOp):
+                b.stmt(s.FailOp(self.emit(b, op.cond, []), op.status.data, op.message.data))
+            if isinstance(op, ir.UnpackBitsOp):
+                self._mask_check(b, op)
+        for v, rows in self.index_values().items():
+            self.lower_index(v, rows)
+        for v in self.materialised():
+            ret_only = all(u.operation is self.ret for u in v.uses)
+            direct = isinstance(v.owner, ir.ReduceOp | ir.ScatterAddOp) and ret_only \
+                and sum(1 for x in self.ret.values if x is v) == 1
+            if direct:
+                continue  # computed straight into its output below
+            self.lower_value(v, self.temp(v))
+        outs = list(zip((n.data for n in self.ret.names.data), self.ret.values, strict=True))
+        outs.sort(key=lambda nv: nv[0] in self.aliases)  # aliased outputs are written last
+        names = [a.data for a in self.func.arg_names.data]
+        for name, v in outs:
+            dst = self.kblock.args[names.index(name)]
+            if v in self.buf:
+                self._copy(v, dst)  # already in memory: store it (rounding once)
+            else:
+                self.lower_value(v, dst)
+        return self.kernel
+
+    def _copy(self, v: SSAValue, dst: SSAValue) -> None:
+        b = _Builder(self.kblock)
+        ivs = b.loops(ir.tensor_type(v).shape, "parallel")
+        b.stmt(s.StoreOp(self.emit(b, v, ivs), dst, ivs))
+        b.close_n(len(ivs))
+
+    def _mask_check(self, b: _Builder, op: ir.UnpackBitsOp) -> None:
+        p = ir.tensor_type(op.packed)
+        n = ir.tensor_type(op.result).shape[0]
+        flags = b.scalar(s.FlagsOp(self.buf[op.packed]))
+        have = b.scalar(ir.MulOp(b.dim(p.shape[0]), flags))
+        ok = b.scalar(ir.CmpOp("ge", have, b.dim(n)))
+        b.stmt(s.FailOp(ok, "shape", f"mask must hold at least {n} flags"))
+
+
+def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset()) -> s.KernelOp:  # type: ignore[assignment]
+    return _Lowering(func, set(aliases)).run()
+
+
+class LowerToLoops(ModulePass):
+    """Replace every ``opgen.func`` with a ``sched.kernel`` (see module docstring)."""
+
+    name = "lower-to-loops"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for f in list(op.body.block.ops):
+            if isinstance(f, ir.FuncOp):
+                k = lower_func(f, set(f.aliased_outputs))
+                op.body.block.insert_op_before(k, f)
+                op.body.block.erase_op(f)
