@@ -12,7 +12,6 @@ static size_t k_embedding_backward_f16_i8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -39,9 +38,8 @@ static opgen_status_t k_embedding_backward_f16_i8(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -58,44 +56,34 @@ static opgen_status_t k_embedding_backward_f16_i8(const opgen_buf_t *bufs, const
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -109,7 +97,6 @@ static size_t k_embedding_backward_f16_i16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -136,9 +123,8 @@ static opgen_status_t k_embedding_backward_f16_i16(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -155,44 +141,34 @@ static opgen_status_t k_embedding_backward_f16_i16(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -206,7 +182,6 @@ static size_t k_embedding_backward_f16_i32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -233,9 +208,8 @@ static opgen_status_t k_embedding_backward_f16_i32(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -252,44 +226,34 @@ static opgen_status_t k_embedding_backward_f16_i32(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -303,7 +267,6 @@ static size_t k_embedding_backward_f16_i64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -330,9 +293,8 @@ static opgen_status_t k_embedding_backward_f16_i64(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -349,44 +311,34 @@ static opgen_status_t k_embedding_backward_f16_i64(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -400,7 +352,6 @@ static size_t k_embedding_backward_f16_u8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -427,9 +378,8 @@ static opgen_status_t k_embedding_backward_f16_u8(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -446,44 +396,34 @@ static opgen_status_t k_embedding_backward_f16_u8(const opgen_buf_t *bufs, const
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -497,7 +437,6 @@ static size_t k_embedding_backward_f16_u16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -524,9 +463,8 @@ static opgen_status_t k_embedding_backward_f16_u16(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -543,44 +481,34 @@ static opgen_status_t k_embedding_backward_f16_u16(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -594,7 +522,6 @@ static size_t k_embedding_backward_f16_u32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -621,9 +548,8 @@ static opgen_status_t k_embedding_backward_f16_u32(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -640,44 +566,34 @@ static opgen_status_t k_embedding_backward_f16_u32(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -691,7 +607,6 @@ static size_t k_embedding_backward_f16_u64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -718,9 +633,8 @@ static opgen_status_t k_embedding_backward_f16_u64(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -737,44 +651,34 @@ static opgen_status_t k_embedding_backward_f16_u64(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -788,7 +692,6 @@ static size_t k_embedding_backward_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -815,9 +718,8 @@ static opgen_status_t k_embedding_backward_bf16_i8(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -834,44 +736,34 @@ static opgen_status_t k_embedding_backward_bf16_i8(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -885,7 +777,6 @@ static size_t k_embedding_backward_bf16_i16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -912,9 +803,8 @@ static opgen_status_t k_embedding_backward_bf16_i16(const opgen_buf_t *bufs, con
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -931,44 +821,34 @@ static opgen_status_t k_embedding_backward_bf16_i16(const opgen_buf_t *bufs, con
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -982,7 +862,6 @@ static size_t k_embedding_backward_bf16_i32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1009,9 +888,8 @@ static opgen_status_t k_embedding_backward_bf16_i32(const opgen_buf_t *bufs, con
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -1028,44 +906,34 @@ static opgen_status_t k_embedding_backward_bf16_i32(const opgen_buf_t *bufs, con
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1079,7 +947,6 @@ static size_t k_embedding_backward_bf16_i64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1106,9 +973,8 @@ static opgen_status_t k_embedding_backward_bf16_i64(const opgen_buf_t *bufs, con
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -1125,44 +991,34 @@ static opgen_status_t k_embedding_backward_bf16_i64(const opgen_buf_t *bufs, con
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1176,7 +1032,6 @@ static size_t k_embedding_backward_bf16_u8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1203,9 +1058,8 @@ static opgen_status_t k_embedding_backward_bf16_u8(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -1222,44 +1076,34 @@ static opgen_status_t k_embedding_backward_bf16_u8(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1273,7 +1117,6 @@ static size_t k_embedding_backward_bf16_u16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1300,9 +1143,8 @@ static opgen_status_t k_embedding_backward_bf16_u16(const opgen_buf_t *bufs, con
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -1319,44 +1161,34 @@ static opgen_status_t k_embedding_backward_bf16_u16(const opgen_buf_t *bufs, con
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1370,7 +1202,6 @@ static size_t k_embedding_backward_bf16_u32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1397,9 +1228,8 @@ static opgen_status_t k_embedding_backward_bf16_u32(const opgen_buf_t *bufs, con
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -1416,44 +1246,34 @@ static opgen_status_t k_embedding_backward_bf16_u32(const opgen_buf_t *bufs, con
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1467,7 +1287,6 @@ static size_t k_embedding_backward_bf16_u64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1494,9 +1313,8 @@ static opgen_status_t k_embedding_backward_bf16_u64(const opgen_buf_t *bufs, con
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -1513,44 +1331,34 @@ static opgen_status_t k_embedding_backward_bf16_u64(const opgen_buf_t *bufs, con
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1564,7 +1372,6 @@ static size_t k_embedding_backward_f32_i8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1591,9 +1398,8 @@ static opgen_status_t k_embedding_backward_f32_i8(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -1610,44 +1416,34 @@ static opgen_status_t k_embedding_backward_f32_i8(const opgen_buf_t *bufs, const
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1661,7 +1457,6 @@ static size_t k_embedding_backward_f32_i16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1688,9 +1483,8 @@ static opgen_status_t k_embedding_backward_f32_i16(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -1707,44 +1501,34 @@ static opgen_status_t k_embedding_backward_f32_i16(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1758,7 +1542,6 @@ static size_t k_embedding_backward_f32_i32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1785,9 +1568,8 @@ static opgen_status_t k_embedding_backward_f32_i32(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -1804,44 +1586,34 @@ static opgen_status_t k_embedding_backward_f32_i32(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1855,7 +1627,6 @@ static size_t k_embedding_backward_f32_i64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1882,9 +1653,8 @@ static opgen_status_t k_embedding_backward_f32_i64(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -1901,44 +1671,34 @@ static opgen_status_t k_embedding_backward_f32_i64(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1952,7 +1712,6 @@ static size_t k_embedding_backward_f32_u8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1979,9 +1738,8 @@ static opgen_status_t k_embedding_backward_f32_u8(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -1998,44 +1756,34 @@ static opgen_status_t k_embedding_backward_f32_u8(const opgen_buf_t *bufs, const
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2049,7 +1797,6 @@ static size_t k_embedding_backward_f32_u16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -2076,9 +1823,8 @@ static opgen_status_t k_embedding_backward_f32_u16(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -2095,44 +1841,34 @@ static opgen_status_t k_embedding_backward_f32_u16(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2146,7 +1882,6 @@ static size_t k_embedding_backward_f32_u32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -2173,9 +1908,8 @@ static opgen_status_t k_embedding_backward_f32_u32(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -2192,44 +1926,34 @@ static opgen_status_t k_embedding_backward_f32_u32(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2243,7 +1967,6 @@ static size_t k_embedding_backward_f32_u64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -2270,9 +1993,8 @@ static opgen_status_t k_embedding_backward_f32_u64(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -2289,44 +2011,34 @@ static opgen_status_t k_embedding_backward_f32_u64(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2340,7 +2052,6 @@ static size_t k_embedding_backward_f64_i8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -2367,9 +2078,8 @@ static opgen_status_t k_embedding_backward_f64_i8(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -2386,44 +2096,34 @@ static opgen_status_t k_embedding_backward_f64_i8(const opgen_buf_t *bufs, const
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2437,7 +2137,6 @@ static size_t k_embedding_backward_f64_i16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -2464,9 +2163,8 @@ static opgen_status_t k_embedding_backward_f64_i16(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -2483,44 +2181,34 @@ static opgen_status_t k_embedding_backward_f64_i16(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2534,7 +2222,6 @@ static size_t k_embedding_backward_f64_i32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -2561,9 +2248,8 @@ static opgen_status_t k_embedding_backward_f64_i32(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -2580,44 +2266,34 @@ static opgen_status_t k_embedding_backward_f64_i32(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2631,7 +2307,6 @@ static size_t k_embedding_backward_f64_i64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -2658,9 +2333,8 @@ static opgen_status_t k_embedding_backward_f64_i64(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -2677,44 +2351,34 @@ static opgen_status_t k_embedding_backward_f64_i64(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2728,7 +2392,6 @@ static size_t k_embedding_backward_f64_u8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -2755,9 +2418,8 @@ static opgen_status_t k_embedding_backward_f64_u8(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -2774,44 +2436,34 @@ static opgen_status_t k_embedding_backward_f64_u8(const opgen_buf_t *bufs, const
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2825,7 +2477,6 @@ static size_t k_embedding_backward_f64_u16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -2852,9 +2503,8 @@ static opgen_status_t k_embedding_backward_f64_u16(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -2871,44 +2521,34 @@ static opgen_status_t k_embedding_backward_f64_u16(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2922,7 +2562,6 @@ static size_t k_embedding_backward_f64_u32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -2949,9 +2588,8 @@ static opgen_status_t k_embedding_backward_f64_u32(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -2968,44 +2606,34 @@ static opgen_status_t k_embedding_backward_f64_u32(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3019,7 +2647,6 @@ static size_t k_embedding_backward_f64_u64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -3046,9 +2673,8 @@ static opgen_status_t k_embedding_backward_f64_u64(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -3065,44 +2691,34 @@ static opgen_status_t k_embedding_backward_f64_u64(const opgen_buf_t *bufs, cons
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3116,7 +2732,6 @@ static size_t k_embedding_backward__i2_f16_i8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -3146,9 +2761,8 @@ static opgen_status_t k_embedding_backward__i2_f16_i8(const opgen_buf_t *bufs, c
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -3162,44 +2776,34 @@ static opgen_status_t k_embedding_backward__i2_f16_i8(const opgen_buf_t *bufs, c
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_f16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_f16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3213,7 +2817,6 @@ static size_t k_embedding_backward__i2_f16_i16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -3243,9 +2846,8 @@ static opgen_status_t k_embedding_backward__i2_f16_i16(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -3259,44 +2861,34 @@ static opgen_status_t k_embedding_backward__i2_f16_i16(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_f16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_f16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3310,7 +2902,6 @@ static size_t k_embedding_backward__i2_f16_i32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -3340,9 +2931,8 @@ static opgen_status_t k_embedding_backward__i2_f16_i32(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -3356,44 +2946,34 @@ static opgen_status_t k_embedding_backward__i2_f16_i32(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_f16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_f16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3407,7 +2987,6 @@ static size_t k_embedding_backward__i2_f16_i64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -3437,9 +3016,8 @@ static opgen_status_t k_embedding_backward__i2_f16_i64(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -3453,44 +3031,34 @@ static opgen_status_t k_embedding_backward__i2_f16_i64(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_f16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_f16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3504,7 +3072,6 @@ static size_t k_embedding_backward__i2_f16_u8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -3534,9 +3101,8 @@ static opgen_status_t k_embedding_backward__i2_f16_u8(const opgen_buf_t *bufs, c
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -3550,44 +3116,34 @@ static opgen_status_t k_embedding_backward__i2_f16_u8(const opgen_buf_t *bufs, c
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_f16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_f16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3601,7 +3157,6 @@ static size_t k_embedding_backward__i2_f16_u16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -3631,9 +3186,8 @@ static opgen_status_t k_embedding_backward__i2_f16_u16(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -3647,44 +3201,34 @@ static opgen_status_t k_embedding_backward__i2_f16_u16(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_f16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_f16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3698,7 +3242,6 @@ static size_t k_embedding_backward__i2_f16_u32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -3728,9 +3271,8 @@ static opgen_status_t k_embedding_backward__i2_f16_u32(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -3744,44 +3286,34 @@ static opgen_status_t k_embedding_backward__i2_f16_u32(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_f16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_f16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3795,7 +3327,6 @@ static size_t k_embedding_backward__i2_f16_u64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -3825,9 +3356,8 @@ static opgen_status_t k_embedding_backward__i2_f16_u64(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -3841,44 +3371,34 @@ static opgen_status_t k_embedding_backward__i2_f16_u64(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_f16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_f16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3892,7 +3412,6 @@ static size_t k_embedding_backward__i2_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -3922,9 +3441,8 @@ static opgen_status_t k_embedding_backward__i2_bf16_i8(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -3938,44 +3456,34 @@ static opgen_status_t k_embedding_backward__i2_bf16_i8(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_bf16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_bf16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3989,7 +3497,6 @@ static size_t k_embedding_backward__i2_bf16_i16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -4019,9 +3526,8 @@ static opgen_status_t k_embedding_backward__i2_bf16_i16(const opgen_buf_t *bufs,
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -4035,44 +3541,34 @@ static opgen_status_t k_embedding_backward__i2_bf16_i16(const opgen_buf_t *bufs,
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_bf16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_bf16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4086,7 +3582,6 @@ static size_t k_embedding_backward__i2_bf16_i32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -4116,9 +3611,8 @@ static opgen_status_t k_embedding_backward__i2_bf16_i32(const opgen_buf_t *bufs,
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -4132,44 +3626,34 @@ static opgen_status_t k_embedding_backward__i2_bf16_i32(const opgen_buf_t *bufs,
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_bf16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_bf16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4183,7 +3667,6 @@ static size_t k_embedding_backward__i2_bf16_i64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -4213,9 +3696,8 @@ static opgen_status_t k_embedding_backward__i2_bf16_i64(const opgen_buf_t *bufs,
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -4229,44 +3711,34 @@ static opgen_status_t k_embedding_backward__i2_bf16_i64(const opgen_buf_t *bufs,
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_bf16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_bf16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4280,7 +3752,6 @@ static size_t k_embedding_backward__i2_bf16_u8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -4310,9 +3781,8 @@ static opgen_status_t k_embedding_backward__i2_bf16_u8(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -4326,44 +3796,34 @@ static opgen_status_t k_embedding_backward__i2_bf16_u8(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_bf16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_bf16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4377,7 +3837,6 @@ static size_t k_embedding_backward__i2_bf16_u16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -4407,9 +3866,8 @@ static opgen_status_t k_embedding_backward__i2_bf16_u16(const opgen_buf_t *bufs,
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -4423,44 +3881,34 @@ static opgen_status_t k_embedding_backward__i2_bf16_u16(const opgen_buf_t *bufs,
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_bf16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_bf16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4474,7 +3922,6 @@ static size_t k_embedding_backward__i2_bf16_u32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -4504,9 +3951,8 @@ static opgen_status_t k_embedding_backward__i2_bf16_u32(const opgen_buf_t *bufs,
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -4520,44 +3966,34 @@ static opgen_status_t k_embedding_backward__i2_bf16_u32(const opgen_buf_t *bufs,
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_bf16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_bf16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4571,7 +4007,6 @@ static size_t k_embedding_backward__i2_bf16_u64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -4601,9 +4036,8 @@ static opgen_status_t k_embedding_backward__i2_bf16_u64(const opgen_buf_t *bufs,
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -4617,44 +4051,34 @@ static opgen_status_t k_embedding_backward__i2_bf16_u64(const opgen_buf_t *bufs,
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = opgen_bf16_to_f32(dtable1[i35 * st_dtable1_0 + i36]);
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = opgen_f32_to_bf16(v40);
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4668,7 +4092,6 @@ static size_t k_embedding_backward__i2_f32_i8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -4698,9 +4121,8 @@ static opgen_status_t k_embedding_backward__i2_f32_i8(const opgen_buf_t *bufs, c
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -4714,44 +4136,34 @@ static opgen_status_t k_embedding_backward__i2_f32_i8(const opgen_buf_t *bufs, c
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = dy[v25 * st_dy_0 + i26];
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4765,7 +4177,6 @@ static size_t k_embedding_backward__i2_f32_i16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -4795,9 +4206,8 @@ static opgen_status_t k_embedding_backward__i2_f32_i16(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -4811,44 +4221,34 @@ static opgen_status_t k_embedding_backward__i2_f32_i16(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = dy[v25 * st_dy_0 + i26];
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4862,7 +4262,6 @@ static size_t k_embedding_backward__i2_f32_i32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -4892,9 +4291,8 @@ static opgen_status_t k_embedding_backward__i2_f32_i32(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -4908,44 +4306,34 @@ static opgen_status_t k_embedding_backward__i2_f32_i32(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = dy[v25 * st_dy_0 + i26];
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4959,7 +4347,6 @@ static size_t k_embedding_backward__i2_f32_i64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -4989,9 +4376,8 @@ static opgen_status_t k_embedding_backward__i2_f32_i64(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -5005,44 +4391,34 @@ static opgen_status_t k_embedding_backward__i2_f32_i64(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = dy[v25 * st_dy_0 + i26];
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -5056,7 +4432,6 @@ static size_t k_embedding_backward__i2_f32_u8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -5086,9 +4461,8 @@ static opgen_status_t k_embedding_backward__i2_f32_u8(const opgen_buf_t *bufs, c
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -5102,44 +4476,34 @@ static opgen_status_t k_embedding_backward__i2_f32_u8(const opgen_buf_t *bufs, c
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = dy[v25 * st_dy_0 + i26];
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -5153,7 +4517,6 @@ static size_t k_embedding_backward__i2_f32_u16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -5183,9 +4546,8 @@ static opgen_status_t k_embedding_backward__i2_f32_u16(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -5199,44 +4561,34 @@ static opgen_status_t k_embedding_backward__i2_f32_u16(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = dy[v25 * st_dy_0 + i26];
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -5250,7 +4602,6 @@ static size_t k_embedding_backward__i2_f32_u32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -5280,9 +4631,8 @@ static opgen_status_t k_embedding_backward__i2_f32_u32(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -5296,44 +4646,34 @@ static opgen_status_t k_embedding_backward__i2_f32_u32(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = dy[v25 * st_dy_0 + i26];
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -5347,7 +4687,6 @@ static size_t k_embedding_backward__i2_f32_u64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -5377,9 +4716,8 @@ static opgen_status_t k_embedding_backward__i2_f32_u64(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -5393,44 +4731,34 @@ static opgen_status_t k_embedding_backward__i2_f32_u64(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const float v18 = alpha1;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const float v27 = dy[v25 * st_dy_0 + i26];
-                const float v28 = v27 * v18;
+                const float v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const float v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const float v34 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const float v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const float v38 = dtable1_acc ? v37 : v34;
-            const float v39 = t11[i35 * d_D + i36];
-            const float v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -5444,7 +4772,6 @@ static size_t k_embedding_backward__i2_f64_i8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -5474,9 +4801,8 @@ static opgen_status_t k_embedding_backward__i2_f64_i8(const opgen_buf_t *bufs, c
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t11 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -5490,44 +4816,34 @@ static opgen_status_t k_embedding_backward__i2_f64_i8(const opgen_buf_t *bufs, c
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const double v18 = (double)(alpha1);
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const double v27 = dy[v25 * st_dy_0 + i26];
-                const double v28 = v27 * v18;
+                const double v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const double v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const double v34 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const double v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const double v38 = dtable1_acc ? v37 : v34;
-            const double v39 = t11[i35 * d_D + i36];
-            const double v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -5541,7 +4857,6 @@ static size_t k_embedding_backward__i2_f64_i16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -5571,9 +4886,8 @@ static opgen_status_t k_embedding_backward__i2_f64_i16(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t11 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -5587,44 +4901,34 @@ static opgen_status_t k_embedding_backward__i2_f64_i16(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const double v18 = (double)(alpha1);
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const double v27 = dy[v25 * st_dy_0 + i26];
-                const double v28 = v27 * v18;
+                const double v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const double v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const double v34 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const double v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const double v38 = dtable1_acc ? v37 : v34;
-            const double v39 = t11[i35 * d_D + i36];
-            const double v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -5638,7 +4942,6 @@ static size_t k_embedding_backward__i2_f64_i32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -5668,9 +4971,8 @@ static opgen_status_t k_embedding_backward__i2_f64_i32(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t11 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -5684,44 +4986,34 @@ static opgen_status_t k_embedding_backward__i2_f64_i32(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const double v18 = (double)(alpha1);
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const double v27 = dy[v25 * st_dy_0 + i26];
-                const double v28 = v27 * v18;
+                const double v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const double v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const double v34 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const double v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const double v38 = dtable1_acc ? v37 : v34;
-            const double v39 = t11[i35 * d_D + i36];
-            const double v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -5735,7 +5027,6 @@ static size_t k_embedding_backward__i2_f64_i64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -5765,9 +5056,8 @@ static opgen_status_t k_embedding_backward__i2_f64_i64(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t11 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -5781,44 +5071,34 @@ static opgen_status_t k_embedding_backward__i2_f64_i64(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const double v18 = (double)(alpha1);
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const double v27 = dy[v25 * st_dy_0 + i26];
-                const double v28 = v27 * v18;
+                const double v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const double v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const double v34 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const double v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const double v38 = dtable1_acc ? v37 : v34;
-            const double v39 = t11[i35 * d_D + i36];
-            const double v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -5832,7 +5112,6 @@ static size_t k_embedding_backward__i2_f64_u8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -5862,9 +5141,8 @@ static opgen_status_t k_embedding_backward__i2_f64_u8(const opgen_buf_t *bufs, c
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t11 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -5878,44 +5156,34 @@ static opgen_status_t k_embedding_backward__i2_f64_u8(const opgen_buf_t *bufs, c
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const double v18 = (double)(alpha1);
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const double v27 = dy[v25 * st_dy_0 + i26];
-                const double v28 = v27 * v18;
+                const double v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const double v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const double v34 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const double v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const double v38 = dtable1_acc ? v37 : v34;
-            const double v39 = t11[i35 * d_D + i36];
-            const double v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -5929,7 +5197,6 @@ static size_t k_embedding_backward__i2_f64_u16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -5959,9 +5226,8 @@ static opgen_status_t k_embedding_backward__i2_f64_u16(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t11 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -5975,44 +5241,34 @@ static opgen_status_t k_embedding_backward__i2_f64_u16(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const double v18 = (double)(alpha1);
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const double v27 = dy[v25 * st_dy_0 + i26];
-                const double v28 = v27 * v18;
+                const double v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const double v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const double v34 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const double v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const double v38 = dtable1_acc ? v37 : v34;
-            const double v39 = t11[i35 * d_D + i36];
-            const double v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -6026,7 +5282,6 @@ static size_t k_embedding_backward__i2_f64_u32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -6056,9 +5311,8 @@ static opgen_status_t k_embedding_backward__i2_f64_u32(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t11 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -6072,44 +5326,34 @@ static opgen_status_t k_embedding_backward__i2_f64_u32(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const double v18 = (double)(alpha1);
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const double v27 = dy[v25 * st_dy_0 + i26];
-                const double v28 = v27 * v18;
+                const double v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const double v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const double v34 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const double v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const double v38 = dtable1_acc ? v37 : v34;
-            const double v39 = t11[i35 * d_D + i36];
-            const double v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -6123,7 +5367,6 @@ static size_t k_embedding_backward__i2_f64_u64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -6153,9 +5396,8 @@ static opgen_status_t k_embedding_backward__i2_f64_u64(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t11 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -6169,44 +5411,34 @@ static opgen_status_t k_embedding_backward__i2_f64_u64(const opgen_buf_t *bufs, 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
         t1[i5] = v7;
     }
-    const int64_t v14 = d_N1;
-    opgen_segments(t1, d_N, v14, t12, t13);
-    const int64_t v15 = 0ll;
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_D;
-    const double v18 = (double)(alpha1);
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v15; i19 < v14; i19++) {
+    for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v21 = t12[i19];
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = t12[v22];
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
         for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t13[i24];
-            for (int64_t i26 = v15; i26 < v17; i26++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
                 const double v27 = dy[v25 * st_dy_0 + i26];
-                const double v28 = v27 * v18;
+                const double v28 = v27 * v17;
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v15; i29 < v17; i29++) {
-            const double v30 = l20[i29];
-            t11[i19 * d_D + i29] = v30;
-        }
-    }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N1;
-    const int64_t v33 = d_D;
-    const double v34 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i35 = v31; i35 < v32; i35++) {
-        for (int64_t i36 = v31; i36 < v33; i36++) {
-            const double v37 = dtable1[i35 * st_dtable1_0 + i36];
-            const double v38 = dtable1_acc ? v37 : v34;
-            const double v39 = t11[i35 * d_D + i36];
-            const double v40 = v38 + v39;
-            dtable1[i35 * st_dtable1_0 + i36] = v40;
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -6220,7 +5452,6 @@ static size_t k_embedding_backward__dtable2_f16_i8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -6250,9 +5481,8 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i8(const opgen_buf_t *bu
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -6269,44 +5499,34 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i8(const opgen_buf_t *bu
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -6320,7 +5540,6 @@ static size_t k_embedding_backward__dtable2_f16_i16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -6350,9 +5569,8 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i16(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -6369,44 +5587,34 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i16(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -6420,7 +5628,6 @@ static size_t k_embedding_backward__dtable2_f16_i32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -6450,9 +5657,8 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i32(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -6469,44 +5675,34 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i32(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -6520,7 +5716,6 @@ static size_t k_embedding_backward__dtable2_f16_i64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -6550,9 +5745,8 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i64(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -6569,44 +5763,34 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i64(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -6620,7 +5804,6 @@ static size_t k_embedding_backward__dtable2_f16_u8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -6650,9 +5833,8 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u8(const opgen_buf_t *bu
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -6669,44 +5851,34 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u8(const opgen_buf_t *bu
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -6720,7 +5892,6 @@ static size_t k_embedding_backward__dtable2_f16_u16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -6750,9 +5921,8 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u16(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -6769,44 +5939,34 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u16(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -6820,7 +5980,6 @@ static size_t k_embedding_backward__dtable2_f16_u32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -6850,9 +6009,8 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u32(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -6869,44 +6027,34 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u32(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -6920,7 +6068,6 @@ static size_t k_embedding_backward__dtable2_f16_u64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -6950,9 +6097,8 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u64(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -6969,44 +6115,34 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u64(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_f16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_f16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -7020,7 +6156,6 @@ static size_t k_embedding_backward__dtable2_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -7050,9 +6185,8 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i8(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -7069,44 +6203,34 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i8(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -7120,7 +6244,6 @@ static size_t k_embedding_backward__dtable2_bf16_i16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -7150,9 +6273,8 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i16(const opgen_buf_t *
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -7169,44 +6291,34 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i16(const opgen_buf_t *
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -7220,7 +6332,6 @@ static size_t k_embedding_backward__dtable2_bf16_i32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -7250,9 +6361,8 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i32(const opgen_buf_t *
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -7269,44 +6379,34 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i32(const opgen_buf_t *
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -7320,7 +6420,6 @@ static size_t k_embedding_backward__dtable2_bf16_i64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -7350,9 +6449,8 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i64(const opgen_buf_t *
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -7369,44 +6467,34 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i64(const opgen_buf_t *
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -7420,7 +6508,6 @@ static size_t k_embedding_backward__dtable2_bf16_u8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -7450,9 +6537,8 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u8(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -7469,44 +6555,34 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u8(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -7520,7 +6596,6 @@ static size_t k_embedding_backward__dtable2_bf16_u16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -7550,9 +6625,8 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u16(const opgen_buf_t *
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -7569,44 +6643,34 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u16(const opgen_buf_t *
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -7620,7 +6684,6 @@ static size_t k_embedding_backward__dtable2_bf16_u32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -7650,9 +6713,8 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u32(const opgen_buf_t *
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -7669,44 +6731,34 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u32(const opgen_buf_t *
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -7720,7 +6772,6 @@ static size_t k_embedding_backward__dtable2_bf16_u64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -7750,9 +6801,8 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u64(const opgen_buf_t *
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -7769,44 +6819,34 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u64(const opgen_buf_t *
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = opgen_bf16_to_f32(dtable1[i37 * st_dtable1_0 + i38]);
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = opgen_f32_to_bf16(v42);
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -7820,7 +6860,6 @@ static size_t k_embedding_backward__dtable2_f32_i8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -7850,9 +6889,8 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i8(const opgen_buf_t *bu
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -7869,44 +6907,34 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i8(const opgen_buf_t *bu
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -7920,7 +6948,6 @@ static size_t k_embedding_backward__dtable2_f32_i16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -7950,9 +6977,8 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i16(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -7969,44 +6995,34 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i16(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -8020,7 +7036,6 @@ static size_t k_embedding_backward__dtable2_f32_i32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -8050,9 +7065,8 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i32(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -8069,44 +7083,34 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i32(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -8120,7 +7124,6 @@ static size_t k_embedding_backward__dtable2_f32_i64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -8150,9 +7153,8 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i64(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -8169,44 +7171,34 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i64(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -8220,7 +7212,6 @@ static size_t k_embedding_backward__dtable2_f32_u8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -8250,9 +7241,8 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u8(const opgen_buf_t *bu
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -8269,44 +7259,34 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u8(const opgen_buf_t *bu
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -8320,7 +7300,6 @@ static size_t k_embedding_backward__dtable2_f32_u16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -8350,9 +7329,8 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u16(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -8369,44 +7347,34 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u16(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -8420,7 +7388,6 @@ static size_t k_embedding_backward__dtable2_f32_u32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -8450,9 +7417,8 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u32(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -8469,44 +7435,34 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u32(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -8520,7 +7476,6 @@ static size_t k_embedding_backward__dtable2_f32_u64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -8550,9 +7505,8 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u64(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -8569,44 +7523,34 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u64(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const float v20 = alpha1;
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v20;
+                const float v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const float v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const float v36 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const float v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const float v40 = dtable1_acc ? v39 : v36;
-            const float v41 = t13[i37 * d_D + i38];
-            const float v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -8620,7 +7564,6 @@ static size_t k_embedding_backward__dtable2_f64_i8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -8650,9 +7593,8 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i8(const opgen_buf_t *bu
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -8669,44 +7611,34 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i8(const opgen_buf_t *bu
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -8720,7 +7652,6 @@ static size_t k_embedding_backward__dtable2_f64_i16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -8750,9 +7681,8 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i16(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -8769,44 +7699,34 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i16(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -8820,7 +7740,6 @@ static size_t k_embedding_backward__dtable2_f64_i32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -8850,9 +7769,8 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i32(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -8869,44 +7787,34 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i32(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -8920,7 +7828,6 @@ static size_t k_embedding_backward__dtable2_f64_i64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -8950,9 +7857,8 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i64(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -8969,44 +7875,34 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i64(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -9020,7 +7916,6 @@ static size_t k_embedding_backward__dtable2_f64_u8_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -9050,9 +7945,8 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u8(const opgen_buf_t *bu
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -9069,44 +7963,34 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u8(const opgen_buf_t *bu
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -9120,7 +8004,6 @@ static size_t k_embedding_backward__dtable2_f64_u16_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -9150,9 +8033,8 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u16(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -9169,44 +8051,34 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u16(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -9220,7 +8092,6 @@ static size_t k_embedding_backward__dtable2_f64_u32_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -9250,9 +8121,8 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u32(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -9269,44 +8139,34 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u32(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -9320,7 +8180,6 @@ static size_t k_embedding_backward__dtable2_f64_u64_ws(const int64_t *dims) {
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -9350,9 +8209,8 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u64(const opgen_buf_t *b
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t13 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = alpha2 == v1;
@@ -9369,44 +8227,34 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u64(const opgen_buf_t *b
         if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
         t3[i7] = v9;
     }
-    const int64_t v16 = d_N1;
-    opgen_segments(t3, d_N, v16, t14, t15);
-    const int64_t v17 = 0ll;
-    const int64_t v18 = 1ll;
-    const int64_t v19 = d_D;
-    const double v20 = (double)(alpha1);
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v17; i21 < v16; i21++) {
+    for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t14[i21];
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = t14[v24];
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
         for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t15[i26];
-            for (int64_t i28 = v17; i28 < v19; i28++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
                 const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v20;
+                const double v30 = v29 * v19;
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v17; i31 < v19; i31++) {
-            const double v32 = l22[i31];
-            t13[i21 * d_D + i31] = v32;
-        }
-    }
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_N1;
-    const int64_t v35 = d_D;
-    const double v36 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i37 = v33; i37 < v34; i37++) {
-        for (int64_t i38 = v33; i38 < v35; i38++) {
-            const double v39 = dtable1[i37 * st_dtable1_0 + i38];
-            const double v40 = dtable1_acc ? v39 : v36;
-            const double v41 = t13[i37 * d_D + i38];
-            const double v42 = v40 + v41;
-            dtable1[i37 * st_dtable1_0 + i38] = v42;
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -9421,10 +8269,8 @@ static size_t k_embedding_backward__i2_dtable2_f16_i8_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -9459,14 +8305,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8(const opgen_buf_t 
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -9491,84 +8335,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8(const opgen_buf_t 
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_f16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_f16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_f16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_f16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_f16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -9583,10 +8407,8 @@ static size_t k_embedding_backward__i2_dtable2_f16_i16_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -9621,14 +8443,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -9653,84 +8473,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_f16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_f16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_f16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_f16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_f16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -9745,10 +8545,8 @@ static size_t k_embedding_backward__i2_dtable2_f16_i32_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -9783,14 +8581,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -9815,84 +8611,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_f16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_f16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_f16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_f16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_f16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -9907,10 +8683,8 @@ static size_t k_embedding_backward__i2_dtable2_f16_i64_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -9945,14 +8719,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -9977,84 +8749,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_f16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_f16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_f16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_f16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_f16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -10069,10 +8821,8 @@ static size_t k_embedding_backward__i2_dtable2_f16_u8_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -10107,14 +8857,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8(const opgen_buf_t 
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -10139,84 +8887,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8(const opgen_buf_t 
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_f16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_f16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_f16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_f16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_f16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -10231,10 +8959,8 @@ static size_t k_embedding_backward__i2_dtable2_f16_u16_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -10269,14 +8995,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -10301,84 +9025,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_f16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_f16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_f16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_f16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_f16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -10393,10 +9097,8 @@ static size_t k_embedding_backward__i2_dtable2_f16_u32_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -10431,14 +9133,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -10463,84 +9163,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_f16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_f16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_f16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_f16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_f16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -10555,10 +9235,8 @@ static size_t k_embedding_backward__i2_dtable2_f16_u64_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -10593,14 +9271,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -10625,84 +9301,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_f16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_f16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_f16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_f16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_f16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -10717,10 +9373,8 @@ static size_t k_embedding_backward__i2_dtable2_bf16_i8_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -10755,14 +9409,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -10787,84 +9439,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_bf16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_bf16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_bf16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_bf16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_bf16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -10879,10 +9511,8 @@ static size_t k_embedding_backward__i2_dtable2_bf16_i16_ws(const int64_t *dims) 
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -10917,14 +9547,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16(const opgen_buf_
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -10949,84 +9577,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16(const opgen_buf_
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_bf16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_bf16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_bf16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_bf16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_bf16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -11041,10 +9649,8 @@ static size_t k_embedding_backward__i2_dtable2_bf16_i32_ws(const int64_t *dims) 
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -11079,14 +9685,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32(const opgen_buf_
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -11111,84 +9715,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32(const opgen_buf_
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_bf16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_bf16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_bf16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_bf16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_bf16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -11203,10 +9787,8 @@ static size_t k_embedding_backward__i2_dtable2_bf16_i64_ws(const int64_t *dims) 
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -11241,14 +9823,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64(const opgen_buf_
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -11273,84 +9853,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64(const opgen_buf_
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_bf16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_bf16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_bf16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_bf16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_bf16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -11365,10 +9925,8 @@ static size_t k_embedding_backward__i2_dtable2_bf16_u8_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -11403,14 +9961,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -11435,84 +9991,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_bf16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_bf16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_bf16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_bf16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_bf16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -11527,10 +10063,8 @@ static size_t k_embedding_backward__i2_dtable2_bf16_u16_ws(const int64_t *dims) 
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -11565,14 +10099,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16(const opgen_buf_
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -11597,84 +10129,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16(const opgen_buf_
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_bf16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_bf16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_bf16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_bf16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_bf16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -11689,10 +10201,8 @@ static size_t k_embedding_backward__i2_dtable2_bf16_u32_ws(const int64_t *dims) 
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -11727,14 +10237,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32(const opgen_buf_
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -11759,84 +10267,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32(const opgen_buf_
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_bf16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_bf16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_bf16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_bf16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_bf16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -11851,10 +10339,8 @@ static size_t k_embedding_backward__i2_dtable2_bf16_u64_ws(const int64_t *dims) 
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -11889,14 +10375,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64(const opgen_buf_
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -11921,84 +10405,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64(const opgen_buf_
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = opgen_bf16_to_f32(dy[v55 * st_dy_0 + i56]);
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = opgen_bf16_to_f32(dtable1[i65 * st_dtable1_0 + i66]);
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = opgen_f32_to_bf16(v70);
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = opgen_bf16_to_f32(dtable2[i75 * st_dtable2_0 + i76]);
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = opgen_f32_to_bf16(v80);
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -12013,10 +10477,8 @@ static size_t k_embedding_backward__i2_dtable2_f32_i8_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -12051,14 +10513,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8(const opgen_buf_t 
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -12083,84 +10543,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8(const opgen_buf_t 
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = dy[v35 * st_dy_0 + i36];
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = dy[v55 * st_dy_0 + i56];
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -12175,10 +10615,8 @@ static size_t k_embedding_backward__i2_dtable2_f32_i16_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -12213,14 +10651,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -12245,84 +10681,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = dy[v35 * st_dy_0 + i36];
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = dy[v55 * st_dy_0 + i56];
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -12337,10 +10753,8 @@ static size_t k_embedding_backward__i2_dtable2_f32_i32_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -12375,14 +10789,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -12407,84 +10819,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = dy[v35 * st_dy_0 + i36];
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = dy[v55 * st_dy_0 + i56];
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -12499,10 +10891,8 @@ static size_t k_embedding_backward__i2_dtable2_f32_i64_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -12537,14 +10927,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -12569,84 +10957,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = dy[v35 * st_dy_0 + i36];
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = dy[v55 * st_dy_0 + i56];
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -12661,10 +11029,8 @@ static size_t k_embedding_backward__i2_dtable2_f32_u8_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -12699,14 +11065,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8(const opgen_buf_t 
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -12731,84 +11095,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8(const opgen_buf_t 
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = dy[v35 * st_dy_0 + i36];
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = dy[v55 * st_dy_0 + i56];
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -12823,10 +11167,8 @@ static size_t k_embedding_backward__i2_dtable2_f32_u16_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -12861,14 +11203,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -12893,84 +11233,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = dy[v35 * st_dy_0 + i36];
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = dy[v55 * st_dy_0 + i56];
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -12985,10 +11305,8 @@ static size_t k_embedding_backward__i2_dtable2_f32_u32_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -13023,14 +11341,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -13055,84 +11371,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = dy[v35 * st_dy_0 + i36];
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = dy[v55 * st_dy_0 + i56];
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -13147,10 +11443,8 @@ static size_t k_embedding_backward__i2_dtable2_f32_u64_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -13185,14 +11479,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t21 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -13217,84 +11509,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const float v28 = alpha1;
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const float v37 = dy[v35 * st_dy_0 + i36];
-                const float v38 = v37 * v28;
+                const float v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const float v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const float v48 = alpha2;
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const float v57 = dy[v55 * st_dy_0 + i56];
-                const float v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const float v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const float v64 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const float v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const float v68 = dtable1_acc ? v67 : v64;
-            const float v69 = t21[i65 * d_D + i66];
-            const float v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const float v74 = 0.0f;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const float v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const float v78 = dtable2_acc ? v77 : v74;
-            const float v79 = t41[i75 * d_D + i76];
-            const float v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -13309,10 +11581,8 @@ static size_t k_embedding_backward__i2_dtable2_f64_i8_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -13347,14 +11617,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8(const opgen_buf_t 
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t21 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t41 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    double *l50_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -13379,84 +11647,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8(const opgen_buf_t 
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const double v28 = (double)(alpha1);
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const double v37 = dy[v35 * st_dy_0 + i36];
-                const double v38 = v37 * v28;
+                const double v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const double v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const double v48 = (double)(alpha2);
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        double *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const double v57 = dy[v55 * st_dy_0 + i56];
-                const double v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const double v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const double v64 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const double v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const double v68 = dtable1_acc ? v67 : v64;
-            const double v69 = t21[i65 * d_D + i66];
-            const double v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const double v74 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const double v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const double v78 = dtable2_acc ? v77 : v74;
-            const double v79 = t41[i75 * d_D + i76];
-            const double v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -13471,10 +11719,8 @@ static size_t k_embedding_backward__i2_dtable2_f64_i16_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -13509,14 +11755,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t21 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t41 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    double *l50_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -13541,84 +11785,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const double v28 = (double)(alpha1);
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const double v37 = dy[v35 * st_dy_0 + i36];
-                const double v38 = v37 * v28;
+                const double v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const double v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const double v48 = (double)(alpha2);
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        double *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const double v57 = dy[v55 * st_dy_0 + i56];
-                const double v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const double v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const double v64 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const double v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const double v68 = dtable1_acc ? v67 : v64;
-            const double v69 = t21[i65 * d_D + i66];
-            const double v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const double v74 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const double v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const double v78 = dtable2_acc ? v77 : v74;
-            const double v79 = t41[i75 * d_D + i76];
-            const double v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -13633,10 +11857,8 @@ static size_t k_embedding_backward__i2_dtable2_f64_i32_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -13671,14 +11893,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t21 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t41 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    double *l50_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -13703,84 +11923,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const double v28 = (double)(alpha1);
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const double v37 = dy[v35 * st_dy_0 + i36];
-                const double v38 = v37 * v28;
+                const double v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const double v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const double v48 = (double)(alpha2);
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        double *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const double v57 = dy[v55 * st_dy_0 + i56];
-                const double v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const double v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const double v64 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const double v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const double v68 = dtable1_acc ? v67 : v64;
-            const double v69 = t21[i65 * d_D + i66];
-            const double v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const double v74 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const double v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const double v78 = dtable2_acc ? v77 : v74;
-            const double v79 = t41[i75 * d_D + i76];
-            const double v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -13795,10 +11995,8 @@ static size_t k_embedding_backward__i2_dtable2_f64_i64_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -13833,14 +12031,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t21 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t41 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    double *l50_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -13865,84 +12061,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const double v28 = (double)(alpha1);
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const double v37 = dy[v35 * st_dy_0 + i36];
-                const double v38 = v37 * v28;
+                const double v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const double v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const double v48 = (double)(alpha2);
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        double *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const double v57 = dy[v55 * st_dy_0 + i56];
-                const double v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const double v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const double v64 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const double v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const double v68 = dtable1_acc ? v67 : v64;
-            const double v69 = t21[i65 * d_D + i66];
-            const double v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const double v74 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const double v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const double v78 = dtable2_acc ? v77 : v74;
-            const double v79 = t41[i75 * d_D + i76];
-            const double v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -13957,10 +12133,8 @@ static size_t k_embedding_backward__i2_dtable2_f64_u8_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -13995,14 +12169,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8(const opgen_buf_t 
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t21 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t41 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    double *l50_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -14027,84 +12199,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8(const opgen_buf_t 
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const double v28 = (double)(alpha1);
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const double v37 = dy[v35 * st_dy_0 + i36];
-                const double v38 = v37 * v28;
+                const double v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const double v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const double v48 = (double)(alpha2);
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        double *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const double v57 = dy[v55 * st_dy_0 + i56];
-                const double v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const double v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const double v64 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const double v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const double v68 = dtable1_acc ? v67 : v64;
-            const double v69 = t21[i65 * d_D + i66];
-            const double v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const double v74 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const double v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const double v78 = dtable2_acc ? v77 : v74;
-            const double v79 = t41[i75 * d_D + i76];
-            const double v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -14119,10 +12271,8 @@ static size_t k_embedding_backward__i2_dtable2_f64_u16_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -14157,14 +12307,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t21 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t41 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    double *l50_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -14189,84 +12337,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const double v28 = (double)(alpha1);
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const double v37 = dy[v35 * st_dy_0 + i36];
-                const double v38 = v37 * v28;
+                const double v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const double v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const double v48 = (double)(alpha2);
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        double *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const double v57 = dy[v55 * st_dy_0 + i56];
-                const double v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const double v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const double v64 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const double v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const double v68 = dtable1_acc ? v67 : v64;
-            const double v69 = t21[i65 * d_D + i66];
-            const double v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const double v74 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const double v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const double v78 = dtable2_acc ? v77 : v74;
-            const double v79 = t41[i75 * d_D + i76];
-            const double v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -14281,10 +12409,8 @@ static size_t k_embedding_backward__i2_dtable2_f64_u32_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -14319,14 +12445,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t21 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t41 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    double *l50_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -14351,84 +12475,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const double v28 = (double)(alpha1);
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const double v37 = dy[v35 * st_dy_0 + i36];
-                const double v38 = v37 * v28;
+                const double v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const double v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const double v48 = (double)(alpha2);
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        double *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const double v57 = dy[v55 * st_dy_0 + i56];
-                const double v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const double v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const double v64 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const double v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const double v68 = dtable1_acc ? v67 : v64;
-            const double v69 = t21[i65 * d_D + i66];
-            const double v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const double v74 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const double v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const double v78 = dtable2_acc ? v77 : v74;
-            const double v79 = t41[i75 * d_D + i76];
-            const double v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -14443,10 +12547,8 @@ static size_t k_embedding_backward__i2_dtable2_f64_u64_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
@@ -14481,14 +12583,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u64(const opgen_buf_t
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t21 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N1 * (size_t)d_D);
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *restrict t41 = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_N2 * (size_t)d_D);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    double *l50_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -14513,84 +12613,64 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u64(const opgen_buf_t
         if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t11[i15] = v17;
     }
-    const int64_t v24 = d_N1;
-    opgen_segments(t1, d_N, v24, t22, t23);
-    const int64_t v25 = 0ll;
-    const int64_t v26 = 1ll;
-    const int64_t v27 = d_D;
-    const double v28 = (double)(alpha1);
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v25; i29 < v24; i29++) {
+    for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v31 = t22[i29];
-        const int64_t v32 = i29 + v26;
-        const int64_t v33 = t22[v32];
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
         for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t23[i34];
-            for (int64_t i36 = v25; i36 < v27; i36++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
                 const double v37 = dy[v35 * st_dy_0 + i36];
-                const double v38 = v37 * v28;
+                const double v38 = v37 * v27;
                 l30[i36] += v38;
             }
         }
-        for (int64_t i39 = v25; i39 < v27; i39++) {
-            const double v40 = l30[i39];
-            t21[i29 * d_D + i39] = v40;
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
         }
     }
-    const int64_t v44 = d_N2;
-    opgen_segments(t11, d_N, v44, t42, t43);
-    const int64_t v45 = 0ll;
-    const int64_t v46 = 1ll;
-    const int64_t v47 = d_D;
-    const double v48 = (double)(alpha2);
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i49 = v45; i49 < v44; i49++) {
-        double *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l50, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v51 = t42[i49];
-        const int64_t v52 = i49 + v46;
-        const int64_t v53 = t42[v52];
-        for (int64_t i54 = v51; i54 < v53; i54++) {
-            const int64_t v55 = t43[i54];
-            for (int64_t i56 = v45; i56 < v47; i56++) {
-                const double v57 = dy[v55 * st_dy_0 + i56];
-                const double v58 = v57 * v48;
-                l50[i56] += v58;
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
             }
         }
-        for (int64_t i59 = v45; i59 < v47; i59++) {
-            const double v60 = l50[i59];
-            t41[i49 * d_D + i59] = v60;
-        }
-    }
-    const int64_t v61 = 0ll;
-    const int64_t v62 = d_N1;
-    const int64_t v63 = d_D;
-    const double v64 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v61; i65 < v62; i65++) {
-        for (int64_t i66 = v61; i66 < v63; i66++) {
-            const double v67 = dtable1[i65 * st_dtable1_0 + i66];
-            const double v68 = dtable1_acc ? v67 : v64;
-            const double v69 = t21[i65 * d_D + i66];
-            const double v70 = v68 + v69;
-            dtable1[i65 * st_dtable1_0 + i66] = v70;
-        }
-    }
-    const int64_t v71 = 0ll;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = d_D;
-    const double v74 = 0.0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i75 = v71; i75 < v72; i75++) {
-        for (int64_t i76 = v71; i76 < v73; i76++) {
-            const double v77 = dtable2[i75 * st_dtable2_0 + i76];
-            const double v78 = dtable2_acc ? v77 : v74;
-            const double v79 = t41[i75 * d_D + i76];
-            const double v80 = v78 + v79;
-            dtable2[i75 * st_dtable2_0 + i76] = v80;
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

@@ -38,8 +38,8 @@ static opgen_status_t k_embedding_bw_u32_f16_bf16(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -53,26 +53,26 @@ static opgen_status_t k_embedding_bw_u32_f16_bf16(const opgen_buf_t *bufs, const
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24 * st_grad_1]);
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = opgen_f32_to_bf16(v27);
         }
@@ -114,8 +114,8 @@ static opgen_status_t k_embedding_bw_u32_f16_f32(const opgen_buf_t *bufs, const 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -129,26 +129,26 @@ static opgen_status_t k_embedding_bw_u32_f16_f32(const opgen_buf_t *bufs, const 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = grad[v23 * st_grad_0 + i24 * st_grad_1];
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = v27;
         }
@@ -190,8 +190,8 @@ static opgen_status_t k_embedding_bw_u32_bf16_bf16(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -205,26 +205,26 @@ static opgen_status_t k_embedding_bw_u32_bf16_bf16(const opgen_buf_t *bufs, cons
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24 * st_grad_1]);
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = opgen_f32_to_bf16(v27);
         }
@@ -266,8 +266,8 @@ static opgen_status_t k_embedding_bw_u32_bf16_f32(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -281,26 +281,26 @@ static opgen_status_t k_embedding_bw_u32_bf16_f32(const opgen_buf_t *bufs, const
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = grad[v23 * st_grad_0 + i24 * st_grad_1];
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = v27;
         }
@@ -342,8 +342,8 @@ static opgen_status_t k_embedding_bw_u32_f32_bf16(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -357,26 +357,26 @@ static opgen_status_t k_embedding_bw_u32_f32_bf16(const opgen_buf_t *bufs, const
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24 * st_grad_1]);
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = opgen_f32_to_bf16(v27);
         }
@@ -418,8 +418,8 @@ static opgen_status_t k_embedding_bw_u32_f32_f32(const opgen_buf_t *bufs, const 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -433,26 +433,26 @@ static opgen_status_t k_embedding_bw_u32_f32_f32(const opgen_buf_t *bufs, const 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = grad[v23 * st_grad_0 + i24 * st_grad_1];
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = v27;
         }
@@ -494,8 +494,8 @@ static opgen_status_t k_embedding_bw_u32_f64_bf16(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -509,26 +509,26 @@ static opgen_status_t k_embedding_bw_u32_f64_bf16(const opgen_buf_t *bufs, const
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24 * st_grad_1]);
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = opgen_f32_to_bf16(v27);
         }
@@ -570,8 +570,8 @@ static opgen_status_t k_embedding_bw_u32_f64_f32(const opgen_buf_t *bufs, const 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -585,26 +585,26 @@ static opgen_status_t k_embedding_bw_u32_f64_f32(const opgen_buf_t *bufs, const 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = grad[v23 * st_grad_0 + i24 * st_grad_1];
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = v27;
         }
@@ -646,8 +646,8 @@ static opgen_status_t k_embedding_bw_i32_f16_bf16(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -661,26 +661,26 @@ static opgen_status_t k_embedding_bw_i32_f16_bf16(const opgen_buf_t *bufs, const
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24 * st_grad_1]);
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = opgen_f32_to_bf16(v27);
         }
@@ -722,8 +722,8 @@ static opgen_status_t k_embedding_bw_i32_f16_f32(const opgen_buf_t *bufs, const 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -737,26 +737,26 @@ static opgen_status_t k_embedding_bw_i32_f16_f32(const opgen_buf_t *bufs, const 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = grad[v23 * st_grad_0 + i24 * st_grad_1];
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = v27;
         }
@@ -798,8 +798,8 @@ static opgen_status_t k_embedding_bw_i32_bf16_bf16(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -813,26 +813,26 @@ static opgen_status_t k_embedding_bw_i32_bf16_bf16(const opgen_buf_t *bufs, cons
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24 * st_grad_1]);
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = opgen_f32_to_bf16(v27);
         }
@@ -874,8 +874,8 @@ static opgen_status_t k_embedding_bw_i32_bf16_f32(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -889,26 +889,26 @@ static opgen_status_t k_embedding_bw_i32_bf16_f32(const opgen_buf_t *bufs, const
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = grad[v23 * st_grad_0 + i24 * st_grad_1];
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = v27;
         }
@@ -950,8 +950,8 @@ static opgen_status_t k_embedding_bw_i32_f32_bf16(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -965,26 +965,26 @@ static opgen_status_t k_embedding_bw_i32_f32_bf16(const opgen_buf_t *bufs, const
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24 * st_grad_1]);
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = opgen_f32_to_bf16(v27);
         }
@@ -1026,8 +1026,8 @@ static opgen_status_t k_embedding_bw_i32_f32_f32(const opgen_buf_t *bufs, const 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -1041,26 +1041,26 @@ static opgen_status_t k_embedding_bw_i32_f32_f32(const opgen_buf_t *bufs, const 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = grad[v23 * st_grad_0 + i24 * st_grad_1];
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = v27;
         }
@@ -1102,8 +1102,8 @@ static opgen_status_t k_embedding_bw_i32_f64_bf16(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -1117,26 +1117,26 @@ static opgen_status_t k_embedding_bw_i32_f64_bf16(const opgen_buf_t *bufs, const
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24 * st_grad_1]);
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = opgen_f32_to_bf16(v27);
         }
@@ -1178,8 +1178,8 @@ static opgen_status_t k_embedding_bw_i32_f64_f32(const opgen_buf_t *bufs, const 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -1193,26 +1193,26 @@ static opgen_status_t k_embedding_bw_i32_f64_f32(const opgen_buf_t *bufs, const 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = grad[v23 * st_grad_0 + i24 * st_grad_1];
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = v27;
         }
@@ -1254,8 +1254,8 @@ static opgen_status_t k_embedding_bw_i64_f16_bf16(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -1269,26 +1269,26 @@ static opgen_status_t k_embedding_bw_i64_f16_bf16(const opgen_buf_t *bufs, const
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24 * st_grad_1]);
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = opgen_f32_to_bf16(v27);
         }
@@ -1330,8 +1330,8 @@ static opgen_status_t k_embedding_bw_i64_f16_f32(const opgen_buf_t *bufs, const 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -1345,26 +1345,26 @@ static opgen_status_t k_embedding_bw_i64_f16_f32(const opgen_buf_t *bufs, const 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = grad[v23 * st_grad_0 + i24 * st_grad_1];
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = v27;
         }
@@ -1406,8 +1406,8 @@ static opgen_status_t k_embedding_bw_i64_bf16_bf16(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -1421,26 +1421,26 @@ static opgen_status_t k_embedding_bw_i64_bf16_bf16(const opgen_buf_t *bufs, cons
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24 * st_grad_1]);
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = opgen_f32_to_bf16(v27);
         }
@@ -1482,8 +1482,8 @@ static opgen_status_t k_embedding_bw_i64_bf16_f32(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -1497,26 +1497,26 @@ static opgen_status_t k_embedding_bw_i64_bf16_f32(const opgen_buf_t *bufs, const
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = grad[v23 * st_grad_0 + i24 * st_grad_1];
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = v27;
         }
@@ -1558,8 +1558,8 @@ static opgen_status_t k_embedding_bw_i64_f32_bf16(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -1573,26 +1573,26 @@ static opgen_status_t k_embedding_bw_i64_f32_bf16(const opgen_buf_t *bufs, const
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24 * st_grad_1]);
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = opgen_f32_to_bf16(v27);
         }
@@ -1634,8 +1634,8 @@ static opgen_status_t k_embedding_bw_i64_f32_f32(const opgen_buf_t *bufs, const 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -1649,26 +1649,26 @@ static opgen_status_t k_embedding_bw_i64_f32_f32(const opgen_buf_t *bufs, const 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = grad[v23 * st_grad_0 + i24 * st_grad_1];
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = v27;
         }
@@ -1710,8 +1710,8 @@ static opgen_status_t k_embedding_bw_i64_f64_bf16(const opgen_buf_t *bufs, const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -1725,26 +1725,26 @@ static opgen_status_t k_embedding_bw_i64_f64_bf16(const opgen_buf_t *bufs, const
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24 * st_grad_1]);
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = opgen_f32_to_bf16(v27);
         }
@@ -1786,8 +1786,8 @@ static opgen_status_t k_embedding_bw_i64_f64_f32(const opgen_buf_t *bufs, const 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t12 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
@@ -1801,26 +1801,26 @@ static opgen_status_t k_embedding_bw_i64_f64_f32(const opgen_buf_t *bufs, const 
         if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
         t1[i5] = v7;
     }
-    const int64_t v13 = d_V;
-    opgen_segments(t1, d_N, v13, t11, t12);
-    const int64_t v14 = 0ll;
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
     #pragma omp parallel for schedule(static)
-    for (int64_t i17 = v14; i17 < v13; i17++) {
+    for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v19 = t11[i17];
+        const int64_t v19 = t13[i17];
         const int64_t v20 = i17 + v15;
-        const int64_t v21 = t11[v20];
+        const int64_t v21 = t13[v20];
         for (int64_t i22 = v19; i22 < v21; i22++) {
-            const int64_t v23 = t12[i22];
-            for (int64_t i24 = v14; i24 < v16; i24++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
                 const float v25 = grad[v23 * st_grad_0 + i24 * st_grad_1];
                 l18[i24] += v25;
             }
         }
-        for (int64_t i26 = v14; i26 < v16; i26++) {
+        for (int64_t i26 = v11; i26 < v16; i26++) {
             const float v27 = l18[i26];
             out[i17 * st_out_0 + i26 * st_out_1] = v27;
         }

@@ -12,7 +12,6 @@ static size_t k_embedding_dense_backward_f32_f32_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -42,10 +41,9 @@ static opgen_status_t k_embedding_dense_backward_f32_f32(const opgen_buf_t *bufs
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -71,52 +69,42 @@ static opgen_status_t k_embedding_dense_backward_f32_f32(const opgen_buf_t *bufs
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const float v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = OPGEN_F2I(int64_t, v36, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1];
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const float v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = v57;
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = v50;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -130,7 +118,6 @@ static size_t k_embedding_dense_backward_f32_f16_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -160,10 +147,9 @@ static opgen_status_t k_embedding_dense_backward_f32_f16(const opgen_buf_t *bufs
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -189,52 +175,42 @@ static opgen_status_t k_embedding_dense_backward_f32_f16(const opgen_buf_t *bufs
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const float v36 = opgen_f16_to_f32(indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)]);
-            const int64_t v37 = OPGEN_F2I(int64_t, v36, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1];
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const float v35 = opgen_f16_to_f32(indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)]);
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = v57;
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = v50;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -248,7 +224,6 @@ static size_t k_embedding_dense_backward_f32_f64_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -278,10 +253,9 @@ static opgen_status_t k_embedding_dense_backward_f32_f64(const opgen_buf_t *bufs
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -307,52 +281,42 @@ static opgen_status_t k_embedding_dense_backward_f32_f64(const opgen_buf_t *bufs
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const double v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = OPGEN_F2I(int64_t, v36, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1];
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const double v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = v57;
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = v50;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -366,7 +330,6 @@ static size_t k_embedding_dense_backward_f32_i32_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -396,10 +359,9 @@ static opgen_status_t k_embedding_dense_backward_f32_i32(const opgen_buf_t *bufs
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -425,52 +387,42 @@ static opgen_status_t k_embedding_dense_backward_f32_i32(const opgen_buf_t *bufs
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const int32_t v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = (int64_t)(v36);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1];
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int32_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = v57;
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = v50;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -484,7 +436,6 @@ static size_t k_embedding_dense_backward_f32_i64_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -514,10 +465,9 @@ static opgen_status_t k_embedding_dense_backward_f32_i64(const opgen_buf_t *bufs
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -543,52 +493,42 @@ static opgen_status_t k_embedding_dense_backward_f32_i64(const opgen_buf_t *bufs
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const int64_t v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = v36;
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1];
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int64_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = v35;
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = v57;
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = v50;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -602,7 +542,6 @@ static size_t k_embedding_dense_backward_f32_i16_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -632,10 +571,9 @@ static opgen_status_t k_embedding_dense_backward_f32_i16(const opgen_buf_t *bufs
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -661,52 +599,42 @@ static opgen_status_t k_embedding_dense_backward_f32_i16(const opgen_buf_t *bufs
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const int16_t v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = (int64_t)(v36);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1];
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int16_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = v57;
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = v50;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -720,7 +648,6 @@ static size_t k_embedding_dense_backward_f32_i8_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -750,10 +677,9 @@ static opgen_status_t k_embedding_dense_backward_f32_i8(const opgen_buf_t *bufs,
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -779,52 +705,42 @@ static opgen_status_t k_embedding_dense_backward_f32_i8(const opgen_buf_t *bufs,
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const int8_t v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = (int64_t)(v36);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1];
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int8_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = v57;
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = v50;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -838,7 +754,6 @@ static size_t k_embedding_dense_backward_f32_u8_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -868,10 +783,9 @@ static opgen_status_t k_embedding_dense_backward_f32_u8(const opgen_buf_t *bufs,
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -897,52 +811,42 @@ static opgen_status_t k_embedding_dense_backward_f32_u8(const opgen_buf_t *bufs,
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const uint8_t v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = (int64_t)(v36);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1];
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const uint8_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = v57;
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = v50;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -956,7 +860,6 @@ static size_t k_embedding_dense_backward_f32_bool_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -986,10 +889,9 @@ static opgen_status_t k_embedding_dense_backward_f32_bool(const opgen_buf_t *buf
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -1015,52 +917,42 @@ static opgen_status_t k_embedding_dense_backward_f32_bool(const opgen_buf_t *buf
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const bool v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = (int64_t)(v36);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1];
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const bool v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = v57;
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = v50;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1074,7 +966,6 @@ static size_t k_embedding_dense_backward_f16_f32_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1104,10 +995,9 @@ static opgen_status_t k_embedding_dense_backward_f16_f32(const opgen_buf_t *bufs
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -1133,52 +1023,42 @@ static opgen_status_t k_embedding_dense_backward_f16_f32(const opgen_buf_t *bufs
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const float v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = OPGEN_F2I(int64_t, v36, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const float v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_f16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_f16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1192,7 +1072,6 @@ static size_t k_embedding_dense_backward_f16_f16_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1222,10 +1101,9 @@ static opgen_status_t k_embedding_dense_backward_f16_f16(const opgen_buf_t *bufs
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -1251,52 +1129,42 @@ static opgen_status_t k_embedding_dense_backward_f16_f16(const opgen_buf_t *bufs
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const float v36 = opgen_f16_to_f32(indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)]);
-            const int64_t v37 = OPGEN_F2I(int64_t, v36, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const float v35 = opgen_f16_to_f32(indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)]);
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_f16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_f16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1310,7 +1178,6 @@ static size_t k_embedding_dense_backward_f16_f64_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1340,10 +1207,9 @@ static opgen_status_t k_embedding_dense_backward_f16_f64(const opgen_buf_t *bufs
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -1369,52 +1235,42 @@ static opgen_status_t k_embedding_dense_backward_f16_f64(const opgen_buf_t *bufs
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const double v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = OPGEN_F2I(int64_t, v36, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const double v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_f16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_f16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1428,7 +1284,6 @@ static size_t k_embedding_dense_backward_f16_i32_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1458,10 +1313,9 @@ static opgen_status_t k_embedding_dense_backward_f16_i32(const opgen_buf_t *bufs
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -1487,52 +1341,42 @@ static opgen_status_t k_embedding_dense_backward_f16_i32(const opgen_buf_t *bufs
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const int32_t v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = (int64_t)(v36);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int32_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_f16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_f16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1546,7 +1390,6 @@ static size_t k_embedding_dense_backward_f16_i64_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1576,10 +1419,9 @@ static opgen_status_t k_embedding_dense_backward_f16_i64(const opgen_buf_t *bufs
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -1605,52 +1447,42 @@ static opgen_status_t k_embedding_dense_backward_f16_i64(const opgen_buf_t *bufs
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const int64_t v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = v36;
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int64_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = v35;
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_f16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_f16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1664,7 +1496,6 @@ static size_t k_embedding_dense_backward_f16_i16_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1694,10 +1525,9 @@ static opgen_status_t k_embedding_dense_backward_f16_i16(const opgen_buf_t *bufs
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -1723,52 +1553,42 @@ static opgen_status_t k_embedding_dense_backward_f16_i16(const opgen_buf_t *bufs
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const int16_t v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = (int64_t)(v36);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int16_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_f16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_f16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1782,7 +1602,6 @@ static size_t k_embedding_dense_backward_f16_i8_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1812,10 +1631,9 @@ static opgen_status_t k_embedding_dense_backward_f16_i8(const opgen_buf_t *bufs,
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -1841,52 +1659,42 @@ static opgen_status_t k_embedding_dense_backward_f16_i8(const opgen_buf_t *bufs,
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const int8_t v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = (int64_t)(v36);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int8_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_f16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_f16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1900,7 +1708,6 @@ static size_t k_embedding_dense_backward_f16_u8_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -1930,10 +1737,9 @@ static opgen_status_t k_embedding_dense_backward_f16_u8(const opgen_buf_t *bufs,
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -1959,52 +1765,42 @@ static opgen_status_t k_embedding_dense_backward_f16_u8(const opgen_buf_t *bufs,
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const uint8_t v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = (int64_t)(v36);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const uint8_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_f16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_f16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2018,7 +1814,6 @@ static size_t k_embedding_dense_backward_f16_bool_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -2048,10 +1843,9 @@ static opgen_status_t k_embedding_dense_backward_f16_bool(const opgen_buf_t *buf
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -2077,52 +1871,42 @@ static opgen_status_t k_embedding_dense_backward_f16_bool(const opgen_buf_t *buf
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const bool v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = (int64_t)(v36);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const bool v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_f16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_f16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2136,7 +1920,6 @@ static size_t k_embedding_dense_backward_bf16_f32_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -2166,10 +1949,9 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32(const opgen_buf_t *buf
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -2195,52 +1977,42 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32(const opgen_buf_t *buf
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const float v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = OPGEN_F2I(int64_t, v36, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const float v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_bf16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_bf16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2254,7 +2026,6 @@ static size_t k_embedding_dense_backward_bf16_f16_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -2284,10 +2055,9 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16(const opgen_buf_t *buf
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -2313,52 +2083,42 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16(const opgen_buf_t *buf
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const float v36 = opgen_f16_to_f32(indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)]);
-            const int64_t v37 = OPGEN_F2I(int64_t, v36, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const float v35 = opgen_f16_to_f32(indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)]);
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_bf16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_bf16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2372,7 +2132,6 @@ static size_t k_embedding_dense_backward_bf16_f64_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -2402,10 +2161,9 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64(const opgen_buf_t *buf
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -2431,52 +2189,42 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64(const opgen_buf_t *buf
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const double v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = OPGEN_F2I(int64_t, v36, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const double v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_bf16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_bf16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2490,7 +2238,6 @@ static size_t k_embedding_dense_backward_bf16_i32_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -2520,10 +2267,9 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32(const opgen_buf_t *buf
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -2549,52 +2295,42 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32(const opgen_buf_t *buf
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const int32_t v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = (int64_t)(v36);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int32_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_bf16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_bf16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2608,7 +2344,6 @@ static size_t k_embedding_dense_backward_bf16_i64_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -2638,10 +2373,9 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64(const opgen_buf_t *buf
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -2667,52 +2401,42 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64(const opgen_buf_t *buf
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const int64_t v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = v36;
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int64_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = v35;
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_bf16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_bf16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2726,7 +2450,6 @@ static size_t k_embedding_dense_backward_bf16_i16_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -2756,10 +2479,9 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16(const opgen_buf_t *buf
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -2785,52 +2507,42 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16(const opgen_buf_t *buf
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const int16_t v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = (int64_t)(v36);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int16_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_bf16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_bf16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2844,7 +2556,6 @@ static size_t k_embedding_dense_backward_bf16_i8_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -2874,10 +2585,9 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8(const opgen_buf_t *bufs
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -2903,52 +2613,42 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8(const opgen_buf_t *bufs
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const int8_t v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = (int64_t)(v36);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int8_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_bf16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_bf16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2962,7 +2662,6 @@ static size_t k_embedding_dense_backward_bf16_u8_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -2992,10 +2691,9 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8(const opgen_buf_t *bufs
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -3021,52 +2719,42 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8(const opgen_buf_t *bufs
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const uint8_t v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = (int64_t)(v36);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const uint8_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_bf16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_bf16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3080,7 +2768,6 @@ static size_t k_embedding_dense_backward_bf16_bool_ws(const int64_t *dims) {
     size_t off = 0;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
     off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
@@ -3110,10 +2797,9 @@ static opgen_status_t k_embedding_dense_backward_bf16_bool(const opgen_buf_t *bu
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
-    float *restrict t20 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_D);
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
-    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -3139,52 +2825,42 @@ static opgen_status_t k_embedding_dense_backward_bf16_bool(const opgen_buf_t *bu
         const int64_t v19 = t1[i18];
         t11[v19] += v17;
     }
-    const int64_t v23 = d_V;
-    opgen_segments(t1, d_N, v23, t21, t22);
-    const int64_t v24 = 0ll;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i29 = v24; i29 < v23; i29++) {
-        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l30, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v31 = t21[i29];
-        const int64_t v32 = i29 + v25;
-        const int64_t v33 = t21[v32];
-        for (int64_t i34 = v31; i34 < v33; i34++) {
-            const int64_t v35 = t22[i34];
-            const bool v36 = indices[(ro_indices ? ro_indices[v35] : v35 * st_indices_0)];
-            const int64_t v37 = (int64_t)(v36);
-            const bool v38 = v37 != padding_idx;
-            const int64_t v39 = t1[v35];
-            const int32_t v40 = t11[v39];
-            const float v41 = (float)(v40);
-            const float v42 = v27 / v41;
-            const float v43 = scale_grad_by_freq ? v42 : v27;
-            for (int64_t i44 = v24; i44 < v26; i44++) {
-                const float v45 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v35] : v35 * st_grad_0) + i44 * st_grad_1]);
-                const float v46 = v45;
-                const float v47 = v46 * v43;
-                const float v48 = v38 ? v47 : v28;
-                l30[i44] += v48;
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const bool v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
             }
         }
-        for (int64_t i49 = v24; i49 < v26; i49++) {
-            const float v50 = l30[i49];
-            t20[i29 * d_D + i49] = v50;
-        }
-    }
-    const int64_t v51 = 0ll;
-    const int64_t v52 = d_V;
-    const int64_t v53 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i54 = v51; i54 < v52; i54++) {
-        for (int64_t i55 = v51; i55 < v53; i55++) {
-            const float v56 = t20[i54 * d_D + i55];
-            const float v57 = v56;
-            out[i54 * st_out_0 + i55 * st_out_1] = opgen_f32_to_bf16(v57);
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48 * st_out_1] = opgen_f32_to_bf16(v50);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

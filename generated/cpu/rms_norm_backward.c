@@ -9,8 +9,8 @@ static size_t k_rms_norm_backward_f16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N);
+    off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
 static opgen_status_t k_rms_norm_backward_f16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -37,159 +37,129 @@ static opgen_status_t k_rms_norm_backward_f16(const opgen_buf_t *bufs, const int
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t1 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N);
-    float *restrict t15 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N);
+    float *restrict t1 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
-    const int64_t v4 = d_D;
+    const int64_t v3 = ((d_N + 31) / 32);
+    const int64_t v4 = 32ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_D;
+    const float v7 = (float)(v6);
+    const float v8 = eps;
     #pragma omp parallel for schedule(static)
-    for (int64_t i5 = v2; i5 < v3; i5++) {
-        float l6 = 0;
-        {
-            float lane8[16];
-            for (int l = 0; l < 16; l++) lane8[l] = l ? 0 : l6;
-            int64_t r9 = v2;
-            for (; r9 + 16 <= v4; r9 += 16) {
-                for (int l = 0; l < 16; l++) {
-                    const int64_t i7 = r9 + l;
-                    const float v10 = opgen_f16_to_f32(x[(ro_x ? ro_x[i5] : i5 * st_x_0) + i7]);
-                    const float v11 = v10 * v10;
-                    lane8[l] += v11;
+    for (int64_t i9 = v2; i9 < v3; i9++) {
+        float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v11 = i9 * v4;
+        const int64_t v12 = v11 + v4;
+        const int64_t v13 = ((v12 < v5 || v12 != v12) ? v12 : v5);
+        for (int64_t i14 = v11; i14 < v13; i14++) {
+            float l15 = 0;
+            float l16 = 0;
+            {
+                float lane18[16];
+                for (int l = 0; l < 16; l++) lane18[l] = l ? 0 : l16;
+                int64_t r19 = v2;
+                for (; r19 + 16 <= v6; r19 += 16) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i17 = r19 + l;
+                        const float v20 = opgen_f16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i17]);
+                        const float v21 = v20 * v20;
+                        lane18[l] += v21;
+                    }
                 }
-            }
-            for (int l = 0; r9 + l < v4; l++) {
-                {
-                    const int64_t i7 = r9 + l;
-                    const float v12 = opgen_f16_to_f32(x[(ro_x ? ro_x[i5] : i5 * st_x_0) + i7]);
-                    const float v13 = v12 * v12;
-                    lane8[l] += v13;
+                for (int l = 0; r19 + l < v6; l++) {
+                    {
+                        const int64_t i17 = r19 + l;
+                        const float v22 = opgen_f16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i17]);
+                        const float v23 = v22 * v22;
+                        lane18[l] += v23;
+                    }
                 }
+                for (int l = 0; l < 8; l++) lane18[l] += lane18[l + 8];
+                for (int l = 0; l < 4; l++) lane18[l] += lane18[l + 4];
+                for (int l = 0; l < 2; l++) lane18[l] += lane18[l + 2];
+                for (int l = 0; l < 1; l++) lane18[l] += lane18[l + 1];
+                l16 = lane18[0];
             }
-            for (int l = 0; l < 8; l++) lane8[l] += lane8[l + 8];
-            for (int l = 0; l < 4; l++) lane8[l] += lane8[l + 4];
-            for (int l = 0; l < 2; l++) lane8[l] += lane8[l + 2];
-            for (int l = 0; l < 1; l++) lane8[l] += lane8[l + 1];
-            l6 = lane8[0];
+            const float v24 = l16;
+            l15 = v24;
+            float l25 = 0;
+            float l26 = 0;
+            {
+                float lane28[16];
+                for (int l = 0; l < 16; l++) lane28[l] = l ? 0 : l26;
+                int64_t r29 = v2;
+                for (; r29 + 16 <= v6; r29 += 16) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i27 = r29 + l;
+                        const float v30 = opgen_f16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i27]);
+                        const float v31 = opgen_f16_to_f32(w[i27 * st_w_0]);
+                        const float v32 = v30 * v31;
+                        const float v33 = opgen_f16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i27]);
+                        const float v34 = v32 * v33;
+                        lane28[l] += v34;
+                    }
+                }
+                for (int l = 0; r29 + l < v6; l++) {
+                    {
+                        const int64_t i27 = r29 + l;
+                        const float v35 = opgen_f16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i27]);
+                        const float v36 = opgen_f16_to_f32(w[i27 * st_w_0]);
+                        const float v37 = v35 * v36;
+                        const float v38 = opgen_f16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i27]);
+                        const float v39 = v37 * v38;
+                        lane28[l] += v39;
+                    }
+                }
+                for (int l = 0; l < 8; l++) lane28[l] += lane28[l + 8];
+                for (int l = 0; l < 4; l++) lane28[l] += lane28[l + 4];
+                for (int l = 0; l < 2; l++) lane28[l] += lane28[l + 2];
+                for (int l = 0; l < 1; l++) lane28[l] += lane28[l + 1];
+                l26 = lane28[0];
+            }
+            const float v40 = l26;
+            l25 = v40;
+            for (int64_t i41 = v2; i41 < v6; i41++) {
+                const float v42 = opgen_f16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i41]);
+                const float v43 = opgen_f16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i41]);
+                const float v44 = v42 * v43;
+                const float v45 = l15;
+                const float v46 = v45 / v7;
+                const float v47 = v46 + v8;
+                const float v48 = 1.0f / sqrtf(v47);
+                const float v49 = v44 * v48;
+                l10[i41] += v49;
+                const float v50 = opgen_f16_to_f32(w[i41 * st_w_0]);
+                const float v51 = v42 * v50;
+                const float v52 = v51 * v48;
+                const float v53 = l25;
+                const float v54 = v53 / v7;
+                const float v55 = v54 * v48;
+                const float v56 = v55 * v48;
+                const float v57 = v56 * v48;
+                const float v58 = v43 * v57;
+                const float v59 = v52 - v58;
+                grad_x[(ro_grad_x ? ro_grad_x[i14] : i14 * st_grad_x_0) + i41] = opgen_f32_to_f16(v59);
+            }
         }
-        const float v14 = l6;
-        t1[i5] = v14;
-    }
-    const int64_t v16 = 0ll;
-    const int64_t v17 = d_N;
-    const int64_t v18 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v16; i19 < v17; i19++) {
-        float l20 = 0;
-        {
-            float lane22[16];
-            for (int l = 0; l < 16; l++) lane22[l] = l ? 0 : l20;
-            int64_t r23 = v16;
-            for (; r23 + 16 <= v18; r23 += 16) {
-                for (int l = 0; l < 16; l++) {
-                    const int64_t i21 = r23 + l;
-                    const float v24 = opgen_f16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i19] : i19 * st_grad_y_0) + i21]);
-                    const float v25 = opgen_f16_to_f32(w[i21 * st_w_0]);
-                    const float v26 = v24 * v25;
-                    const float v27 = opgen_f16_to_f32(x[(ro_x ? ro_x[i19] : i19 * st_x_0) + i21]);
-                    const float v28 = v26 * v27;
-                    lane22[l] += v28;
-                }
-            }
-            for (int l = 0; r23 + l < v18; l++) {
-                {
-                    const int64_t i21 = r23 + l;
-                    const float v29 = opgen_f16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i19] : i19 * st_grad_y_0) + i21]);
-                    const float v30 = opgen_f16_to_f32(w[i21 * st_w_0]);
-                    const float v31 = v29 * v30;
-                    const float v32 = opgen_f16_to_f32(x[(ro_x ? ro_x[i19] : i19 * st_x_0) + i21]);
-                    const float v33 = v31 * v32;
-                    lane22[l] += v33;
-                }
-            }
-            for (int l = 0; l < 8; l++) lane22[l] += lane22[l + 8];
-            for (int l = 0; l < 4; l++) lane22[l] += lane22[l + 4];
-            for (int l = 0; l < 2; l++) lane22[l] += lane22[l + 2];
-            for (int l = 0; l < 1; l++) lane22[l] += lane22[l + 1];
-            l20 = lane22[0];
+        for (int64_t i60 = v2; i60 < v6; i60++) {
+            const float v61 = l10[i60];
+            t1[i9 * d_D + i60] = v61;
         }
-        const float v34 = l20;
-        t15[i19] = v34;
-    }
-    const int64_t v35 = 0ll;
-    const int64_t v36 = d_D;
-    const int64_t v37 = d_N;
-    const float v38 = (float)(v36);
-    const float v39 = eps;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i40 = v35; i40 < v36; i40++) {
-        float l41 = 0;
-        {
-            float lane43[16];
-            for (int l = 0; l < 16; l++) lane43[l] = l ? 0 : l41;
-            int64_t r44 = v35;
-            for (; r44 + 16 <= v37; r44 += 16) {
-                for (int l = 0; l < 16; l++) {
-                    const int64_t i42 = r44 + l;
-                    const float v45 = opgen_f16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i42] : i42 * st_grad_y_0) + i40]);
-                    const float v46 = opgen_f16_to_f32(x[(ro_x ? ro_x[i42] : i42 * st_x_0) + i40]);
-                    const float v47 = v45 * v46;
-                    const float v48 = t1[i42];
-                    const float v49 = v48 / v38;
-                    const float v50 = v49 + v39;
-                    const float v51 = 1.0f / sqrtf(v50);
-                    const float v52 = v47 * v51;
-                    lane43[l] += v52;
-                }
-            }
-            for (int l = 0; r44 + l < v37; l++) {
-                {
-                    const int64_t i42 = r44 + l;
-                    const float v53 = opgen_f16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i42] : i42 * st_grad_y_0) + i40]);
-                    const float v54 = opgen_f16_to_f32(x[(ro_x ? ro_x[i42] : i42 * st_x_0) + i40]);
-                    const float v55 = v53 * v54;
-                    const float v56 = t1[i42];
-                    const float v57 = v56 / v38;
-                    const float v58 = v57 + v39;
-                    const float v59 = 1.0f / sqrtf(v58);
-                    const float v60 = v55 * v59;
-                    lane43[l] += v60;
-                }
-            }
-            for (int l = 0; l < 8; l++) lane43[l] += lane43[l + 8];
-            for (int l = 0; l < 4; l++) lane43[l] += lane43[l + 4];
-            for (int l = 0; l < 2; l++) lane43[l] += lane43[l + 2];
-            for (int l = 0; l < 1; l++) lane43[l] += lane43[l + 1];
-            l41 = lane43[0];
-        }
-        const float v61 = l41;
-        grad_w[i40 * st_grad_w_0] = opgen_f32_to_f16(v61);
     }
     const int64_t v62 = 0ll;
-    const int64_t v63 = d_N;
-    const int64_t v64 = d_D;
-    const float v65 = (float)(v64);
-    const float v66 = eps;
+    const int64_t v63 = d_D;
+    const int64_t v64 = ((d_N + 31) / 32);
     #pragma omp parallel for schedule(static)
-    for (int64_t i67 = v62; i67 < v63; i67++) {
-        const float v68 = t1[i67];
-        const float v69 = v68 / v65;
-        const float v70 = v69 + v66;
-        const float v71 = 1.0f / sqrtf(v70);
-        const float v72 = t15[i67];
-        const float v73 = v72 / v65;
-        const float v74 = v73 * v71;
-        const float v75 = v74 * v71;
-        const float v76 = v75 * v71;
-        for (int64_t i77 = v62; i77 < v64; i77++) {
-            const float v78 = opgen_f16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i67] : i67 * st_grad_y_0) + i77]);
-            const float v79 = opgen_f16_to_f32(w[i77 * st_w_0]);
-            const float v80 = v78 * v79;
-            const float v81 = v80 * v71;
-            const float v82 = opgen_f16_to_f32(x[(ro_x ? ro_x[i67] : i67 * st_x_0) + i77]);
-            const float v83 = v82 * v76;
-            const float v84 = v81 - v83;
-            grad_x[(ro_grad_x ? ro_grad_x[i67] : i67 * st_grad_x_0) + i77] = opgen_f32_to_f16(v84);
+    for (int64_t i65 = v62; i65 < v63; i65++) {
+        float l66 = 0;
+        for (int64_t i67 = v62; i67 < v64; i67++) {
+            const float v68 = t1[i67 * d_D + i65];
+            l66 += v68;
         }
+        const float v69 = l66;
+        grad_w[i65 * st_grad_w_0] = opgen_f32_to_f16(v69);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -199,8 +169,8 @@ static size_t k_rms_norm_backward_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N);
+    off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
 static opgen_status_t k_rms_norm_backward_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -227,159 +197,129 @@ static opgen_status_t k_rms_norm_backward_f32(const opgen_buf_t *bufs, const int
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t1 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N);
-    float *restrict t15 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N);
+    float *restrict t1 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
-    const int64_t v4 = d_D;
+    const int64_t v3 = ((d_N + 31) / 32);
+    const int64_t v4 = 32ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_D;
+    const float v7 = (float)(v6);
+    const float v8 = eps;
     #pragma omp parallel for schedule(static)
-    for (int64_t i5 = v2; i5 < v3; i5++) {
-        float l6 = 0;
-        {
-            float lane8[16];
-            for (int l = 0; l < 16; l++) lane8[l] = l ? 0 : l6;
-            int64_t r9 = v2;
-            for (; r9 + 16 <= v4; r9 += 16) {
-                for (int l = 0; l < 16; l++) {
-                    const int64_t i7 = r9 + l;
-                    const float v10 = x[(ro_x ? ro_x[i5] : i5 * st_x_0) + i7];
-                    const float v11 = v10 * v10;
-                    lane8[l] += v11;
+    for (int64_t i9 = v2; i9 < v3; i9++) {
+        float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v11 = i9 * v4;
+        const int64_t v12 = v11 + v4;
+        const int64_t v13 = ((v12 < v5 || v12 != v12) ? v12 : v5);
+        for (int64_t i14 = v11; i14 < v13; i14++) {
+            float l15 = 0;
+            float l16 = 0;
+            {
+                float lane18[16];
+                for (int l = 0; l < 16; l++) lane18[l] = l ? 0 : l16;
+                int64_t r19 = v2;
+                for (; r19 + 16 <= v6; r19 += 16) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i17 = r19 + l;
+                        const float v20 = x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i17];
+                        const float v21 = v20 * v20;
+                        lane18[l] += v21;
+                    }
                 }
-            }
-            for (int l = 0; r9 + l < v4; l++) {
-                {
-                    const int64_t i7 = r9 + l;
-                    const float v12 = x[(ro_x ? ro_x[i5] : i5 * st_x_0) + i7];
-                    const float v13 = v12 * v12;
-                    lane8[l] += v13;
+                for (int l = 0; r19 + l < v6; l++) {
+                    {
+                        const int64_t i17 = r19 + l;
+                        const float v22 = x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i17];
+                        const float v23 = v22 * v22;
+                        lane18[l] += v23;
+                    }
                 }
+                for (int l = 0; l < 8; l++) lane18[l] += lane18[l + 8];
+                for (int l = 0; l < 4; l++) lane18[l] += lane18[l + 4];
+                for (int l = 0; l < 2; l++) lane18[l] += lane18[l + 2];
+                for (int l = 0; l < 1; l++) lane18[l] += lane18[l + 1];
+                l16 = lane18[0];
             }
-            for (int l = 0; l < 8; l++) lane8[l] += lane8[l + 8];
-            for (int l = 0; l < 4; l++) lane8[l] += lane8[l + 4];
-            for (int l = 0; l < 2; l++) lane8[l] += lane8[l + 2];
-            for (int l = 0; l < 1; l++) lane8[l] += lane8[l + 1];
-            l6 = lane8[0];
+            const float v24 = l16;
+            l15 = v24;
+            float l25 = 0;
+            float l26 = 0;
+            {
+                float lane28[16];
+                for (int l = 0; l < 16; l++) lane28[l] = l ? 0 : l26;
+                int64_t r29 = v2;
+                for (; r29 + 16 <= v6; r29 += 16) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i27 = r29 + l;
+                        const float v30 = grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i27];
+                        const float v31 = w[i27 * st_w_0];
+                        const float v32 = v30 * v31;
+                        const float v33 = x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i27];
+                        const float v34 = v32 * v33;
+                        lane28[l] += v34;
+                    }
+                }
+                for (int l = 0; r29 + l < v6; l++) {
+                    {
+                        const int64_t i27 = r29 + l;
+                        const float v35 = grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i27];
+                        const float v36 = w[i27 * st_w_0];
+                        const float v37 = v35 * v36;
+                        const float v38 = x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i27];
+                        const float v39 = v37 * v38;
+                        lane28[l] += v39;
+                    }
+                }
+                for (int l = 0; l < 8; l++) lane28[l] += lane28[l + 8];
+                for (int l = 0; l < 4; l++) lane28[l] += lane28[l + 4];
+                for (int l = 0; l < 2; l++) lane28[l] += lane28[l + 2];
+                for (int l = 0; l < 1; l++) lane28[l] += lane28[l + 1];
+                l26 = lane28[0];
+            }
+            const float v40 = l26;
+            l25 = v40;
+            for (int64_t i41 = v2; i41 < v6; i41++) {
+                const float v42 = grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i41];
+                const float v43 = x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i41];
+                const float v44 = v42 * v43;
+                const float v45 = l15;
+                const float v46 = v45 / v7;
+                const float v47 = v46 + v8;
+                const float v48 = 1.0f / sqrtf(v47);
+                const float v49 = v44 * v48;
+                l10[i41] += v49;
+                const float v50 = w[i41 * st_w_0];
+                const float v51 = v42 * v50;
+                const float v52 = v51 * v48;
+                const float v53 = l25;
+                const float v54 = v53 / v7;
+                const float v55 = v54 * v48;
+                const float v56 = v55 * v48;
+                const float v57 = v56 * v48;
+                const float v58 = v43 * v57;
+                const float v59 = v52 - v58;
+                grad_x[(ro_grad_x ? ro_grad_x[i14] : i14 * st_grad_x_0) + i41] = v59;
+            }
         }
-        const float v14 = l6;
-        t1[i5] = v14;
-    }
-    const int64_t v16 = 0ll;
-    const int64_t v17 = d_N;
-    const int64_t v18 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v16; i19 < v17; i19++) {
-        float l20 = 0;
-        {
-            float lane22[16];
-            for (int l = 0; l < 16; l++) lane22[l] = l ? 0 : l20;
-            int64_t r23 = v16;
-            for (; r23 + 16 <= v18; r23 += 16) {
-                for (int l = 0; l < 16; l++) {
-                    const int64_t i21 = r23 + l;
-                    const float v24 = grad_y[(ro_grad_y ? ro_grad_y[i19] : i19 * st_grad_y_0) + i21];
-                    const float v25 = w[i21 * st_w_0];
-                    const float v26 = v24 * v25;
-                    const float v27 = x[(ro_x ? ro_x[i19] : i19 * st_x_0) + i21];
-                    const float v28 = v26 * v27;
-                    lane22[l] += v28;
-                }
-            }
-            for (int l = 0; r23 + l < v18; l++) {
-                {
-                    const int64_t i21 = r23 + l;
-                    const float v29 = grad_y[(ro_grad_y ? ro_grad_y[i19] : i19 * st_grad_y_0) + i21];
-                    const float v30 = w[i21 * st_w_0];
-                    const float v31 = v29 * v30;
-                    const float v32 = x[(ro_x ? ro_x[i19] : i19 * st_x_0) + i21];
-                    const float v33 = v31 * v32;
-                    lane22[l] += v33;
-                }
-            }
-            for (int l = 0; l < 8; l++) lane22[l] += lane22[l + 8];
-            for (int l = 0; l < 4; l++) lane22[l] += lane22[l + 4];
-            for (int l = 0; l < 2; l++) lane22[l] += lane22[l + 2];
-            for (int l = 0; l < 1; l++) lane22[l] += lane22[l + 1];
-            l20 = lane22[0];
+        for (int64_t i60 = v2; i60 < v6; i60++) {
+            const float v61 = l10[i60];
+            t1[i9 * d_D + i60] = v61;
         }
-        const float v34 = l20;
-        t15[i19] = v34;
-    }
-    const int64_t v35 = 0ll;
-    const int64_t v36 = d_D;
-    const int64_t v37 = d_N;
-    const float v38 = (float)(v36);
-    const float v39 = eps;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i40 = v35; i40 < v36; i40++) {
-        float l41 = 0;
-        {
-            float lane43[16];
-            for (int l = 0; l < 16; l++) lane43[l] = l ? 0 : l41;
-            int64_t r44 = v35;
-            for (; r44 + 16 <= v37; r44 += 16) {
-                for (int l = 0; l < 16; l++) {
-                    const int64_t i42 = r44 + l;
-                    const float v45 = grad_y[(ro_grad_y ? ro_grad_y[i42] : i42 * st_grad_y_0) + i40];
-                    const float v46 = x[(ro_x ? ro_x[i42] : i42 * st_x_0) + i40];
-                    const float v47 = v45 * v46;
-                    const float v48 = t1[i42];
-                    const float v49 = v48 / v38;
-                    const float v50 = v49 + v39;
-                    const float v51 = 1.0f / sqrtf(v50);
-                    const float v52 = v47 * v51;
-                    lane43[l] += v52;
-                }
-            }
-            for (int l = 0; r44 + l < v37; l++) {
-                {
-                    const int64_t i42 = r44 + l;
-                    const float v53 = grad_y[(ro_grad_y ? ro_grad_y[i42] : i42 * st_grad_y_0) + i40];
-                    const float v54 = x[(ro_x ? ro_x[i42] : i42 * st_x_0) + i40];
-                    const float v55 = v53 * v54;
-                    const float v56 = t1[i42];
-                    const float v57 = v56 / v38;
-                    const float v58 = v57 + v39;
-                    const float v59 = 1.0f / sqrtf(v58);
-                    const float v60 = v55 * v59;
-                    lane43[l] += v60;
-                }
-            }
-            for (int l = 0; l < 8; l++) lane43[l] += lane43[l + 8];
-            for (int l = 0; l < 4; l++) lane43[l] += lane43[l + 4];
-            for (int l = 0; l < 2; l++) lane43[l] += lane43[l + 2];
-            for (int l = 0; l < 1; l++) lane43[l] += lane43[l + 1];
-            l41 = lane43[0];
-        }
-        const float v61 = l41;
-        grad_w[i40 * st_grad_w_0] = v61;
     }
     const int64_t v62 = 0ll;
-    const int64_t v63 = d_N;
-    const int64_t v64 = d_D;
-    const float v65 = (float)(v64);
-    const float v66 = eps;
+    const int64_t v63 = d_D;
+    const int64_t v64 = ((d_N + 31) / 32);
     #pragma omp parallel for schedule(static)
-    for (int64_t i67 = v62; i67 < v63; i67++) {
-        const float v68 = t1[i67];
-        const float v69 = v68 / v65;
-        const float v70 = v69 + v66;
-        const float v71 = 1.0f / sqrtf(v70);
-        const float v72 = t15[i67];
-        const float v73 = v72 / v65;
-        const float v74 = v73 * v71;
-        const float v75 = v74 * v71;
-        const float v76 = v75 * v71;
-        for (int64_t i77 = v62; i77 < v64; i77++) {
-            const float v78 = grad_y[(ro_grad_y ? ro_grad_y[i67] : i67 * st_grad_y_0) + i77];
-            const float v79 = w[i77 * st_w_0];
-            const float v80 = v78 * v79;
-            const float v81 = v80 * v71;
-            const float v82 = x[(ro_x ? ro_x[i67] : i67 * st_x_0) + i77];
-            const float v83 = v82 * v76;
-            const float v84 = v81 - v83;
-            grad_x[(ro_grad_x ? ro_grad_x[i67] : i67 * st_grad_x_0) + i77] = v84;
+    for (int64_t i65 = v62; i65 < v63; i65++) {
+        float l66 = 0;
+        for (int64_t i67 = v62; i67 < v64; i67++) {
+            const float v68 = t1[i67 * d_D + i65];
+            l66 += v68;
         }
+        const float v69 = l66;
+        grad_w[i65 * st_grad_w_0] = v69;
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -389,8 +329,8 @@ static size_t k_rms_norm_backward_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_N);
+    off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
 static opgen_status_t k_rms_norm_backward_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -417,159 +357,129 @@ static opgen_status_t k_rms_norm_backward_bf16(const opgen_buf_t *bufs, const in
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t1 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N);
-    float *restrict t15 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_N);
+    float *restrict t1 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
-    const int64_t v4 = d_D;
+    const int64_t v3 = ((d_N + 31) / 32);
+    const int64_t v4 = 32ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_D;
+    const float v7 = (float)(v6);
+    const float v8 = eps;
     #pragma omp parallel for schedule(static)
-    for (int64_t i5 = v2; i5 < v3; i5++) {
-        float l6 = 0;
-        {
-            float lane8[16];
-            for (int l = 0; l < 16; l++) lane8[l] = l ? 0 : l6;
-            int64_t r9 = v2;
-            for (; r9 + 16 <= v4; r9 += 16) {
-                for (int l = 0; l < 16; l++) {
-                    const int64_t i7 = r9 + l;
-                    const float v10 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i5] : i5 * st_x_0) + i7]);
-                    const float v11 = v10 * v10;
-                    lane8[l] += v11;
+    for (int64_t i9 = v2; i9 < v3; i9++) {
+        float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v11 = i9 * v4;
+        const int64_t v12 = v11 + v4;
+        const int64_t v13 = ((v12 < v5 || v12 != v12) ? v12 : v5);
+        for (int64_t i14 = v11; i14 < v13; i14++) {
+            float l15 = 0;
+            float l16 = 0;
+            {
+                float lane18[16];
+                for (int l = 0; l < 16; l++) lane18[l] = l ? 0 : l16;
+                int64_t r19 = v2;
+                for (; r19 + 16 <= v6; r19 += 16) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i17 = r19 + l;
+                        const float v20 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i17]);
+                        const float v21 = v20 * v20;
+                        lane18[l] += v21;
+                    }
                 }
-            }
-            for (int l = 0; r9 + l < v4; l++) {
-                {
-                    const int64_t i7 = r9 + l;
-                    const float v12 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i5] : i5 * st_x_0) + i7]);
-                    const float v13 = v12 * v12;
-                    lane8[l] += v13;
+                for (int l = 0; r19 + l < v6; l++) {
+                    {
+                        const int64_t i17 = r19 + l;
+                        const float v22 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i17]);
+                        const float v23 = v22 * v22;
+                        lane18[l] += v23;
+                    }
                 }
+                for (int l = 0; l < 8; l++) lane18[l] += lane18[l + 8];
+                for (int l = 0; l < 4; l++) lane18[l] += lane18[l + 4];
+                for (int l = 0; l < 2; l++) lane18[l] += lane18[l + 2];
+                for (int l = 0; l < 1; l++) lane18[l] += lane18[l + 1];
+                l16 = lane18[0];
             }
-            for (int l = 0; l < 8; l++) lane8[l] += lane8[l + 8];
-            for (int l = 0; l < 4; l++) lane8[l] += lane8[l + 4];
-            for (int l = 0; l < 2; l++) lane8[l] += lane8[l + 2];
-            for (int l = 0; l < 1; l++) lane8[l] += lane8[l + 1];
-            l6 = lane8[0];
+            const float v24 = l16;
+            l15 = v24;
+            float l25 = 0;
+            float l26 = 0;
+            {
+                float lane28[16];
+                for (int l = 0; l < 16; l++) lane28[l] = l ? 0 : l26;
+                int64_t r29 = v2;
+                for (; r29 + 16 <= v6; r29 += 16) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i27 = r29 + l;
+                        const float v30 = opgen_bf16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i27]);
+                        const float v31 = opgen_bf16_to_f32(w[i27 * st_w_0]);
+                        const float v32 = v30 * v31;
+                        const float v33 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i27]);
+                        const float v34 = v32 * v33;
+                        lane28[l] += v34;
+                    }
+                }
+                for (int l = 0; r29 + l < v6; l++) {
+                    {
+                        const int64_t i27 = r29 + l;
+                        const float v35 = opgen_bf16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i27]);
+                        const float v36 = opgen_bf16_to_f32(w[i27 * st_w_0]);
+                        const float v37 = v35 * v36;
+                        const float v38 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i27]);
+                        const float v39 = v37 * v38;
+                        lane28[l] += v39;
+                    }
+                }
+                for (int l = 0; l < 8; l++) lane28[l] += lane28[l + 8];
+                for (int l = 0; l < 4; l++) lane28[l] += lane28[l + 4];
+                for (int l = 0; l < 2; l++) lane28[l] += lane28[l + 2];
+                for (int l = 0; l < 1; l++) lane28[l] += lane28[l + 1];
+                l26 = lane28[0];
+            }
+            const float v40 = l26;
+            l25 = v40;
+            for (int64_t i41 = v2; i41 < v6; i41++) {
+                const float v42 = opgen_bf16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i41]);
+                const float v43 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i41]);
+                const float v44 = v42 * v43;
+                const float v45 = l15;
+                const float v46 = v45 / v7;
+                const float v47 = v46 + v8;
+                const float v48 = 1.0f / sqrtf(v47);
+                const float v49 = v44 * v48;
+                l10[i41] += v49;
+                const float v50 = opgen_bf16_to_f32(w[i41 * st_w_0]);
+                const float v51 = v42 * v50;
+                const float v52 = v51 * v48;
+                const float v53 = l25;
+                const float v54 = v53 / v7;
+                const float v55 = v54 * v48;
+                const float v56 = v55 * v48;
+                const float v57 = v56 * v48;
+                const float v58 = v43 * v57;
+                const float v59 = v52 - v58;
+                grad_x[(ro_grad_x ? ro_grad_x[i14] : i14 * st_grad_x_0) + i41] = opgen_f32_to_bf16(v59);
+            }
         }
-        const float v14 = l6;
-        t1[i5] = v14;
-    }
-    const int64_t v16 = 0ll;
-    const int64_t v17 = d_N;
-    const int64_t v18 = d_D;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i19 = v16; i19 < v17; i19++) {
-        float l20 = 0;
-        {
-            float lane22[16];
-            for (int l = 0; l < 16; l++) lane22[l] = l ? 0 : l20;
-            int64_t r23 = v16;
-            for (; r23 + 16 <= v18; r23 += 16) {
-                for (int l = 0; l < 16; l++) {
-                    const int64_t i21 = r23 + l;
-                    const float v24 = opgen_bf16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i19] : i19 * st_grad_y_0) + i21]);
-                    const float v25 = opgen_bf16_to_f32(w[i21 * st_w_0]);
-                    const float v26 = v24 * v25;
-                    const float v27 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i19] : i19 * st_x_0) + i21]);
-                    const float v28 = v26 * v27;
-                    lane22[l] += v28;
-                }
-            }
-            for (int l = 0; r23 + l < v18; l++) {
-                {
-                    const int64_t i21 = r23 + l;
-                    const float v29 = opgen_bf16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i19] : i19 * st_grad_y_0) + i21]);
-                    const float v30 = opgen_bf16_to_f32(w[i21 * st_w_0]);
-                    const float v31 = v29 * v30;
-                    const float v32 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i19] : i19 * st_x_0) + i21]);
-                    const float v33 = v31 * v32;
-                    lane22[l] += v33;
-                }
-            }
-            for (int l = 0; l < 8; l++) lane22[l] += lane22[l + 8];
-            for (int l = 0; l < 4; l++) lane22[l] += lane22[l + 4];
-            for (int l = 0; l < 2; l++) lane22[l] += lane22[l + 2];
-            for (int l = 0; l < 1; l++) lane22[l] += lane22[l + 1];
-            l20 = lane22[0];
+        for (int64_t i60 = v2; i60 < v6; i60++) {
+            const float v61 = l10[i60];
+            t1[i9 * d_D + i60] = v61;
         }
-        const float v34 = l20;
-        t15[i19] = v34;
-    }
-    const int64_t v35 = 0ll;
-    const int64_t v36 = d_D;
-    const int64_t v37 = d_N;
-    const float v38 = (float)(v36);
-    const float v39 = eps;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i40 = v35; i40 < v36; i40++) {
-        float l41 = 0;
-        {
-            float lane43[16];
-            for (int l = 0; l < 16; l++) lane43[l] = l ? 0 : l41;
-            int64_t r44 = v35;
-            for (; r44 + 16 <= v37; r44 += 16) {
-                for (int l = 0; l < 16; l++) {
-                    const int64_t i42 = r44 + l;
-                    const float v45 = opgen_bf16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i42] : i42 * st_grad_y_0) + i40]);
-                    const float v46 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i42] : i42 * st_x_0) + i40]);
-                    const float v47 = v45 * v46;
-                    const float v48 = t1[i42];
-                    const float v49 = v48 / v38;
-                    const float v50 = v49 + v39;
-                    const float v51 = 1.0f / sqrtf(v50);
-                    const float v52 = v47 * v51;
-                    lane43[l] += v52;
-                }
-            }
-            for (int l = 0; r44 + l < v37; l++) {
-                {
-                    const int64_t i42 = r44 + l;
-                    const float v53 = opgen_bf16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i42] : i42 * st_grad_y_0) + i40]);
-                    const float v54 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i42] : i42 * st_x_0) + i40]);
-                    const float v55 = v53 * v54;
-                    const float v56 = t1[i42];
-                    const float v57 = v56 / v38;
-                    const float v58 = v57 + v39;
-                    const float v59 = 1.0f / sqrtf(v58);
-                    const float v60 = v55 * v59;
-                    lane43[l] += v60;
-                }
-            }
-            for (int l = 0; l < 8; l++) lane43[l] += lane43[l + 8];
-            for (int l = 0; l < 4; l++) lane43[l] += lane43[l + 4];
-            for (int l = 0; l < 2; l++) lane43[l] += lane43[l + 2];
-            for (int l = 0; l < 1; l++) lane43[l] += lane43[l + 1];
-            l41 = lane43[0];
-        }
-        const float v61 = l41;
-        grad_w[i40 * st_grad_w_0] = opgen_f32_to_bf16(v61);
     }
     const int64_t v62 = 0ll;
-    const int64_t v63 = d_N;
-    const int64_t v64 = d_D;
-    const float v65 = (float)(v64);
-    const float v66 = eps;
+    const int64_t v63 = d_D;
+    const int64_t v64 = ((d_N + 31) / 32);
     #pragma omp parallel for schedule(static)
-    for (int64_t i67 = v62; i67 < v63; i67++) {
-        const float v68 = t1[i67];
-        const float v69 = v68 / v65;
-        const float v70 = v69 + v66;
-        const float v71 = 1.0f / sqrtf(v70);
-        const float v72 = t15[i67];
-        const float v73 = v72 / v65;
-        const float v74 = v73 * v71;
-        const float v75 = v74 * v71;
-        const float v76 = v75 * v71;
-        for (int64_t i77 = v62; i77 < v64; i77++) {
-            const float v78 = opgen_bf16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i67] : i67 * st_grad_y_0) + i77]);
-            const float v79 = opgen_bf16_to_f32(w[i77 * st_w_0]);
-            const float v80 = v78 * v79;
-            const float v81 = v80 * v71;
-            const float v82 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i67] : i67 * st_x_0) + i77]);
-            const float v83 = v82 * v76;
-            const float v84 = v81 - v83;
-            grad_x[(ro_grad_x ? ro_grad_x[i67] : i67 * st_grad_x_0) + i77] = opgen_f32_to_bf16(v84);
+    for (int64_t i65 = v62; i65 < v63; i65++) {
+        float l66 = 0;
+        for (int64_t i67 = v62; i67 < v64; i67++) {
+            const float v68 = t1[i67 * d_D + i65];
+            l66 += v68;
         }
+        const float v69 = l66;
+        grad_w[i65 * st_grad_w_0] = opgen_f32_to_bf16(v69);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;

@@ -90,6 +90,9 @@ class CPrinter:
     def dim(self, d: str) -> str:
         if d.isdigit():
             return d + "ll"
+        if d.startswith("cdiv("):
+            name, k = d[5:-1].split(",")
+            return f"((d_{name} + {int(k) - 1}) / {k})"
         base, _, plus = d.partition("+")
         return f"(d_{base} + {plus})" if plus else f"d_{base}"
 

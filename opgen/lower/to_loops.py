@@ -28,6 +28,10 @@ from opgen.lower import sched as s
 MATERIALISED = (ir.ReduceOp, ir.ScatterAddOp, ir.BincountOp, ir.MatmulOp)
 
 
+class NotFusable(Exception):
+    """Raised when a row group cannot be formed; the op is then lowered unfused."""
+
+
 @dataclass
 class _Level:
     block: Block
@@ -121,6 +125,7 @@ class _Lowering:
         self.kblock = self.kernel.body.block
         self.buf: dict[SSAValue, SSAValue] = {}  # L0 value -> buffer holding it
         self.ibuf: dict[SSAValue, SSAValue] = {}  # index value -> its range-checked i64 copy
+        self.rowlocal: dict[SSAValue, tuple[SSAValue, SSAValue]] = {}  # value -> (local row, row iv)
         self.scalars: dict[SSAValue, SSAValue] = {}
         for a, ka in zip(func.body.block.args, self.kblock.args, strict=True):
             (self.scalars if ir.tensor_type(a).rank == 0 else self.buf)[a] = ka
@@ -163,6 +168,13 @@ class _Lowering:
             return b.memo[key]
         if v in self.scalars:
             return self.scalars[v]
+        if v in self.rowlocal:
+            local, x = self.rowlocal[v]
+            if idx[0] is not x:
+                raise NotFusable(f"{v} read at another row")
+            if s.buf_type(local).rank == 0:
+                return b.scalar(s.LoadOp(local, []), pinned=True)
+            return b.scalar(s.LoadOp(local, list(idx[1:])), key=key)
         if v in self.buf:
             buf = self.buf[v]
             if s.buf_type(buf).rank == 0:
@@ -372,18 +384,29 @@ class _Lowering:
         b.stmt(s.FailOp(ok, "shape", f"mask must hold at least {n} flags"))
 
 
-def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset()) -> s.KernelOp:  # type: ignore[assignment]
+def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset(), fuse: bool = True) -> s.KernelOp:  # type: ignore[assignment]
+    """Lower one function; with ``fuse``, row groups (see opgen.lower.row_groups) are formed
+    where legal, else every materialised value gets its own loop nest."""
+    if fuse:
+        from opgen.lower.row_groups import RowGroupLowering
+
+        try:
+            return RowGroupLowering(func, set(aliases)).run()
+        except NotFusable:
+            pass
     return _Lowering(func, set(aliases)).run()
 
 
+@dataclass(frozen=True)
 class LowerToLoops(ModulePass):
     """Replace every ``opgen.func`` with a ``sched.kernel`` (see module docstring)."""
 
     name = "lower-to-loops"
+    fuse: bool = True
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in list(op.body.block.ops):
             if isinstance(f, ir.FuncOp):
-                k = lower_func(f, set(f.aliased_outputs))
+                k = lower_func(f, set(f.aliased_outputs), self.fuse)
                 op.body.block.insert_op_before(k, f)
                 op.body.block.erase_op(f)

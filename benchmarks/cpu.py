@@ -1,0 +1,208 @@
+"""CPU benchmark: opgen's generated kernels vs PyTorch CPU, side by side in one process.
+
+    OMP_NUM_THREADS=2 python benchmarks/cpu.py [--quick] [--rows NAME,...] [--out docs/bench.json]
+
+Runs alternate (ours, torch, ours, torch, ...) and report medians. Memory-bound rows also show
+the fraction of this machine's copy bandwidth (measured in the same run: bytes read + written by
+a large numpy copy). FLCE peak memory is measured in a fresh subprocess per contender
+(ru_maxrss growth across the call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from opgen import runtime  # noqa: E402
+
+THREADS = int(os.environ["OMP_NUM_THREADS"])
+torch.set_num_threads(THREADS)
+
+
+def bf16(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().view(torch.int16).numpy().view(runtime.dtypes.BF16.np_dtype)
+
+
+def np_of(t: torch.Tensor) -> np.ndarray:
+    return bf16(t) if t.dtype == torch.bfloat16 else t.contiguous().numpy()
+
+
+def alternate(ours: Callable[[], object], theirs: Callable[[], object], reps: int) -> tuple[float, float]:
+    ours(), theirs()  # warm-up
+    a, b = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        ours()
+        a.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        theirs()
+        b.append(time.perf_counter() - t0)
+    return statistics.median(a), statistics.median(b)
+
+
+def copy_bandwidth() -> float:
+    """GB/s of a large memcpy (bytes read + bytes written), best of 5."""
+    src = np.ones(64 * 2**20, np.float32)  # 256 MiB
+    dst = np.empty_like(src)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(5))
+    return 2 * src.nbytes / best / 1e9
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def row_embedding(dtype: torch.dtype, scale: bool, quick: bool) -> dict:
+    V, N, D = (8000, 2048, 1024) if quick else (32000, 8192, 1024)
+    g = torch.Generator().manual_seed(0)
+    grad = torch.randn(N, D, generator=g).to(dtype)
+    idx = torch.randint(0, V, (N,), generator=g)
+    out = np.empty((V, D), np_of(grad).dtype)
+    args = dict(grad=np_of(grad), indices=idx.numpy(), num_weights=V, padding_idx=-1,
+                scale_grad_by_freq=scale, out=out)
+    t_ours, t_torch = alternate(lambda: runtime.call("embedding_dense_backward", **args),
+                                lambda: torch.ops.aten.embedding_dense_backward(grad, idx, V, -1, scale), 5)
+    nbytes = grad.numel() * grad.element_size() + idx.numel() * 8 + V * D * grad.element_size()
+    return {"row": f"embedding_dense_backward V={V} N={N} D={D} {str(dtype)[6:]} scale={scale}",
+            "ours_ms": t_ours * 1e3, "torch_ms": t_torch * 1e3, "bytes": nbytes}
+
+
+def row_rms(dtype: torch.dtype, quick: bool) -> dict:
+    N, D = (2048, 4096) if quick else (8192, 4096)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(N, D, generator=g).to(dtype).requires_grad_()
+    w = torch.randn(D, generator=g).to(dtype).requires_grad_()
+    gy = torch.randn(N, D, generator=g).to(dtype)
+    y = torch.nn.functional.rms_norm(x, (D,), w, eps=1e-6)
+    gx = np.empty((N, D), np_of(gy).dtype)
+    gw = np.empty((D,), np_of(gy).dtype)
+    args = dict(grad_y=np_of(gy), x=np_of(x.detach()), w=np_of(w.detach()), eps=1e-6, grad_x=gx, grad_w=gw)
+    t_ours, t_torch = alternate(lambda: runtime.call("rms_norm_backward", **args),
+                                lambda: torch.autograd.grad(y, (x, w), gy, retain_graph=True), 5)
+    nbytes = 3 * N * D * x.element_size() + 2 * D * x.element_size()
+    return {"row": f"rms_norm_backward {N}x{D} {str(dtype)[6:]}", "ours_ms": t_ours * 1e3,
+            "torch_ms": t_torch * 1e3, "bytes": nbytes}
+
+
+def flce_inputs(quick: bool) -> dict:
+    BT, H, V = (256, 512, 8000) if quick else (1024, 1024, 32000)
+    g = torch.Generator().manual_seed(2)
+    X = (torch.randn(BT, H, generator=g) * 0.05).bfloat16()
+    W = (torch.randn(V, H, generator=g) * 0.05).bfloat16()
+    logits = X.float() @ W.float().T
+    lmax = logits.max(1).values
+    se = torch.exp(logits - lmax[:, None]).sum(1)
+    t = torch.randint(0, V, (BT,), generator=g)
+    m = torch.rand(BT, generator=g) < 0.2
+    return dict(X=X, W=W, lmax=lmax, se=se, t=t, m=m, grad=torch.rand(BT, generator=g))
+
+
+def flce_torch(d: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's materialised-logits composite (what Megatron's unfused path does)."""
+    X, W = d["X"], d["W"]
+    logits = (X @ W.T).float()
+    G = torch.exp(logits - d["lmax"][:, None]) / d["se"][:, None]
+    G[torch.arange(X.shape[0]), d["t"]] -= (~d["m"]).float()
+    G *= d["grad"][:, None]
+    Gb = G.to(X.dtype)
+    return Gb @ W, Gb.T @ X
+
+
+def flce_ours_args(d: dict) -> dict:
+    packed = np.packbits(d["m"].numpy(), bitorder="little")
+    return dict(grad=d["grad"].numpy(), input=np_of(d["X"]), weight=np_of(d["W"]), target_mask=packed,
+                masked_target=d["t"].to(torch.int32).numpy(), logits_max=d["lmax"].numpy(),
+                sum_exp_logits=d["se"].numpy())
+
+
+def row_flce(quick: bool) -> dict:
+    d = flce_inputs(quick)
+    args = flce_ours_args(d)
+    t_ours, t_torch = alternate(lambda: runtime.call("fused_linear_cross_entropy_loss_grad", **args),
+                                lambda: flce_torch(d), 3)
+    BT, H = d["X"].shape
+    V = d["W"].shape[0]
+    mem = {who: _peak_child(who, quick) for who in ("ours", "torch")}
+    return {"row": f"FLCE grad memory-saving BT={BT} H={H} V={V} bf16", "ours_ms": t_ours * 1e3,
+            "torch_ms": t_torch * 1e3, "flops": 6 * BT * H * V,
+            "peak_ours_mb": mem["ours"], "peak_torch_mb": mem["torch"]}
+
+
+def _peak_child(who: str, quick: bool) -> float:
+    r = subprocess.run([sys.executable, __file__, "--peak", who] + (["--quick"] if quick else []),
+                       capture_output=True, text=True, check=True)
+    return float(r.stdout.strip().splitlines()[-1])
+
+
+def peak_main(who: str, quick: bool) -> None:
+    d = flce_inputs(quick)
+    args = flce_ours_args(d)
+    runtime.load()
+    fn = (lambda: runtime.call("fused_linear_cross_entropy_loss_grad", **args)) if who == "ours" \
+        else (lambda: flce_torch(d))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fn()
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print((after - before) / 1024.0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
+    ap.add_argument("--rows", default="embedding,rms,flce", help="which rows: embedding,rms,flce")
+    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--peak", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.peak:
+        peak_main(a.peak, a.quick)
+        return
+    rows_wanted = a.rows.split(",")
+    bw = copy_bandwidth()
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+          f"threads={THREADS}, torch {torch.__version__}, copy bandwidth {bw:.1f} GB/s", flush=True)
+    rows = []
+    if "embedding" in rows_wanted:
+        for dt in (torch.float32, torch.bfloat16):
+            for sc in (False, True):
+                rows.append(row_embedding(dt, sc, a.quick))
+                print(rows[-1], flush=True)
+    if "rms" in rows_wanted:
+        for dt in (torch.float32, torch.bfloat16):
+            rows.append(row_rms(dt, a.quick))
+            print(rows[-1], flush=True)
+    if "flce" in rows_wanted:
+        rows.append(row_flce(a.quick))
+        print(rows[-1], flush=True)
+    print()
+    print(f"| case | opgen ms | PyTorch ms | speed-up | % copy BW | notes |")
+    print("|---|---:|---:|---:|---:|---|")
+    for r in rows:
+        sp = r["torch_ms"] / r["ours_ms"]
+        bwp = f"{100 * r['bytes'] / (r['ours_ms'] / 1e3) / 1e9 / bw:.0f}%" if "bytes" in r else "-"
+        note = ""
+        if "flops" in r:
+            note = (f"{r['flops'] / (r['ours_ms'] / 1e3) / 1e9:.0f} GFLOP/s; peak +{r['peak_ours_mb']:.0f} MB "
+                    f"vs +{r['peak_torch_mb']:.0f} MB")
+        print(f"| {r['row']} | {r['ours_ms']:.1f} | {r['torch_ms']:.1f} | {sp:.2f}x | {bwp} | {note} |")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"copy_bw_gbs": bw, "threads": THREADS, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""Row groups: one parallel loop over a leading dim X computing everything row-local at once.
+
+A group for dim X holds
+  * the outputs whose leading dim is X (stored row by row),
+  * "column" reductions over X that are outputs (``sum(..., axis=0)``),
+  * row-local values: reductions and scatter-adds whose result leads with X and which only
+    group members read, always at the current row — computed into per-row scratch first.
+Column reductions accumulate per fixed chunk of CHUNK rows into a workspace of partials, summed
+afterwards in chunk order: deterministic and independent of the thread count.
+Within a row, reads come before writes (column accumulations, then outputs, aliased ones last),
+so an output may alias an input read at the same element.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xdsl.ir import Operation, SSAValue
+
+from opgen.ir import dialect as ir
+from opgen.lower import sched as s
+from opgen.lower.to_loops import MATERIALISED, NotFusable, _Builder, _Lowering
+
+CHUNK = 32  # rows per partial of a column reduction
+
+
+@dataclass
+class Group:
+    dim: str
+    outputs: list[tuple[str, SSAValue]] = field(default_factory=list)
+    colreds: list[tuple[str, ir.ReduceOp]] = field(default_factory=list)
+    rowlocal: list[SSAValue] = field(default_factory=list)
+
+
+def _inlined(v: SSAValue) -> bool:
+    return isinstance(v.owner, Operation) and not isinstance(v.owner, MATERIALISED)
+
+
+class RowGroupLowering(_Lowering):
+    """``lower-to-loops`` with row groups (falls back by raising NotFusable)."""
+
+    def sinks(self, v: SSAValue) -> set[SSAValue]:
+        """Materialised values / returned values that consume ``v`` through inlined ops."""
+        out: set[SSAValue] = set()
+        todo = [v]
+        seen: set[SSAValue] = set()
+        while todo:
+            x = todo.pop()
+            for use in x.uses:
+                u = use.operation
+                if isinstance(u, ir.ReturnOp):
+                    out.add(x)
+                elif isinstance(u, MATERIALISED) or isinstance(u, ir.CheckOp):
+                    out.add(u.results[0] if u.results else x)
+                else:
+                    for r in u.results:
+                        if r not in seen:
+                            seen.add(r)
+                            todo.append(r)
+        return out
+
+    def sources(self, v: SSAValue) -> set[SSAValue]:
+        """Materialised values read (through inlined ops) to compute ``v``."""
+        out: set[SSAValue] = set()
+        todo = [v]
+        seen: set[SSAValue] = set()
+        while todo:
+            x = todo.pop()
+            op = x.owner
+            if not isinstance(op, Operation):
+                continue
+            for o in op.operands:
+                if o in seen:
+                    continue
+                seen.add(o)
+                if isinstance(o.owner, MATERIALISED):
+                    out.add(o)
+                else:
+                    todo.append(o)
+        return out
+
+    def plan(self) -> list[Group]:
+        names = [n.data for n in self.ret.names.data]
+        groups: dict[str, Group] = {}
+        for name, v in zip(names, self.ret.values, strict=True):
+            t = ir.tensor_type(v)
+            op = v.owner
+            if isinstance(op, ir.ReduceOp) and op.axis_list == (0,) and op.kind.data == "sum":
+                x = ir.tensor_type(op.x).shape[0]
+                groups.setdefault(x, Group(x)).colreds.append((name, op))
+            elif t.rank >= 1 and not isinstance(op, ir.MatmulOp):
+                groups.setdefault(t.shape[0], Group(t.shape[0])).outputs.append((name, v))
+            else:
+                raise NotFusable("output outside any row group")
+        members_of: dict[SSAValue, str] = {}
+        for g in groups.values():
+            for _, v in g.outputs:
+                members_of[v] = g.dim
+            for _, r in g.colreds:
+                members_of[r.results[0]] = g.dim
+        mat = self.materialised()
+        for m in mat:
+            op = m.owner
+            lead = ir.tensor_type(m).shape[0] if ir.tensor_type(m).rank else None
+            row_op = (isinstance(op, ir.ReduceOp) and 0 not in op.axis_list) or isinstance(op, ir.ScatterAddOp)
+            if m in members_of:
+                if row_op and members_of[m] == lead and any(m is v for _, v in groups[lead].outputs):
+                    groups[lead].rowlocal.append(m)  # an output that is itself a row reduction
+                continue
+            sinks = self.sinks(m)
+            if row_op and lead in groups and sinks and all(
+                    members_of.get(k) == lead for k in sinks):
+                groups[lead].rowlocal.append(m)
+                members_of[m] = lead
+        # values computed before the groups must not depend on group members
+        for m in mat:
+            if m not in members_of and any(src in members_of for src in self._all_sources(m)):
+                raise NotFusable("a separately computed value depends on a row group")
+        return list(groups.values())
+
+    def _all_sources(self, v: SSAValue) -> set[SSAValue]:
+        out: set[SSAValue] = set()
+        todo = list(self.sources(v))
+        while todo:
+            x = todo.pop()
+            if x in out:
+                continue
+            out.add(x)
+            todo.extend(self.sources(x) if isinstance(x.owner, Operation) else [])
+            op = x.owner
+            if isinstance(op, Operation):
+                todo.extend(o for o in op.operands if isinstance(o.owner, MATERIALISED))
+        return out
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> s.KernelOp:
+        b = _Builder(self.kblock)
+        for op in self.func.body.block.ops:
+            if isinstance(op, ir.CheckOp):
+                b.stmt(s.FailOp(self.emit(b, op.cond, []), op.status.data, op.message.data))
+            if isinstance(op, ir.UnpackBitsOp):
+                self._mask_check(b, op)
+        groups = self.plan()
+        for v, rows in self.index_values().items():
+            self.lower_index(v, rows)
+        grouped = {m for g in groups for m in g.rowlocal}
+        grouped |= {v for g in groups for _, v in g.outputs}
+        grouped |= {r.results[0] for g in groups for _, r in g.colreds}
+        for v in self.materialised():
+            if v not in grouped:
+                self.lower_value(v, self.temp(v))
+        for g in groups:
+            self.lower_group(g)
+        return self.kernel
+
+    def arg(self, name: str) -> SSAValue:
+        names = [a.data for a in self.func.arg_names.data]
+        return self.kblock.args[names.index(name)]
+
+    def lower_group(self, g: Group) -> None:
+        b = _Builder(self.kblock)
+        x_dim = g.dim
+        partials: list[tuple[str, ir.ReduceOp, SSAValue, SSAValue]] = []
+        if g.colreds:
+            nchunk = f"cdiv({x_dim},{CHUNK})"
+            for name, r in g.colreds:
+                rest = list(ir.tensor_type(r.result).shape)
+                p = s.AllocOp(s.BufType.make([nchunk, *rest], ir.tensor_type(r.x).dtype, "temp"))
+                self.kblock.add_op(p)
+                partials.append((name, r, p.result, SSAValue.get(p.result)))
+            (c,) = b.loops([nchunk], "parallel", "c")
+            accs = []
+            for _, r, _, _ in partials:
+                rest = list(ir.tensor_type(r.result).shape)
+                a = s.AllocOp(s.BufType.make(rest, ir.tensor_type(r.x).dtype, "local"), zero=True)
+                b.stmt(a)
+                accs.append(a.result)
+            lo = b.scalar(ir.MulOp(c, b.const(CHUNK, "i64")))
+            hi = b.scalar(ir.MinOp(b.scalar(ir.AddOp(lo, b.const(CHUNK, "i64"))), b.dim(x_dim)))
+            x = b.open(lo, hi, "serial", "x")
+        else:
+            (x,) = b.loops([x_dim], "parallel", "x")
+            accs = []
+        # row-local values, in program order
+        order = {v: i for i, op in enumerate(self.func.body.block.ops) for v in op.results}
+        for m in sorted(g.rowlocal, key=lambda v: order[v]):
+            self.row_value(b, m, x)
+        # one loop nest over the trailing dims for all members sharing it; reads first
+        members: list[tuple[str, object]] = []
+        for (_, r), acc in zip(g.colreds, accs, strict=True):
+            members.append(("acc", (r, acc)))
+        outs = sorted(g.outputs, key=lambda nv: nv[0] in self.aliases)
+        for name, v in outs:
+            members.append(("out", (name, v)))
+        by_rest: dict[tuple[str, ...], list[tuple[str, object]]] = {}
+        for kind, item in members:
+            if kind == "acc":
+                r = item[0]  # type: ignore[index]
+                rest = tuple(ir.tensor_type(r.x).shape[1:])
+            else:
+                rest = tuple(ir.tensor_type(item[1]).shape[1:])  # type: ignore[index]
+            by_rest.setdefault(rest, []).append((kind, item))
+        for rest, items in by_rest.items():
+            inner = b.loops(list(rest), "parallel", "d")
+            for kind, item in items:
+                if kind == "acc":
+                    r, acc = item  # type: ignore[misc]
+                    b.stmt(s.AccumOp("sum", self.emit(b, r.x, [x, *inner]), acc, inner))
+                else:
+                    name, v = item  # type: ignore[misc]
+                    b.stmt(s.StoreOp(self.emit(b, v, [x, *inner]), self.arg(name), [x, *inner]))
+            b.close_n(len(inner))
+        b.close()  # x
+        if g.colreds:
+            for (name, r, p, _), acc in zip(partials, accs, strict=True):
+                rest = list(ir.tensor_type(r.result).shape)
+                inner = b.loops(rest, "parallel", "d")
+                b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc, inner)), p, [c, *inner]))
+                b.close_n(len(inner))
+            b.close()  # c
+            for name, r, p, _ in partials:
+                self.combine_partials(r, p, self.arg(name), f"cdiv({x_dim},{CHUNK})")
+
+    def combine_partials(self, r: ir.ReduceOp, p: SSAValue, dst: SSAValue, nchunk: str) -> None:
+        b = _Builder(self.kblock)
+        rest = list(ir.tensor_type(r.result).shape)
+        inner = b.loops(rest, "parallel", "d")
+        acc = s.AllocOp(s.BufType.make([], ir.tensor_type(r.x).dtype, "local"), zero=True)
+        b.stmt(acc)
+        (c,) = b.loops([nchunk], "serial", "c")
+        b.stmt(s.AccumOp("sum", b.scalar(s.LoadOp(p, [c, *inner])), acc.result, []))
+        b.close()
+        b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc.result, []), pinned=True), dst, inner))
+        b.close_n(len(inner))
+
+    def row_value(self, b: _Builder, m: SSAValue, x: SSAValue) -> None:
+        """Compute row ``x`` of ``m`` into a per-row scratch buffer."""
+        op = m.owner
+        t = ir.tensor_type(m)
+        rest = list(t.shape[1:])
+        local = s.AllocOp(s.BufType.make(rest, t.dtype, "local"), zero=True)
+        b.stmt(local)
+        if isinstance(op, ir.ReduceOp):
+            src = ir.tensor_type(op.x)
+            axes = op.axis_list
+            kept = [i for i in range(src.rank) if i not in axes]
+            outer = b.loops(rest, "parallel", "d")
+            acc = s.AllocOp(s.BufType.make([], src.dtype, "local"), zero=op.kind.data == "sum")
+            b.stmt(acc)
+            if op.kind.data != "sum":
+                inf = float("inf") if op.kind.data == "min" else float("-inf")
+                b.stmt(s.StoreOp(b.scalar(ir.ConstantOp(inf, src.dtype), pinned=True), acc.result, []))
+            inner = b.loops([src.shape[a] for a in axes], "reduce", "r")
+            full: list[SSAValue] = [x] * src.rank
+            for i, iv in zip(kept[1:], outer, strict=True):
+                full[i] = iv
+            for a, iv in zip(axes, inner, strict=True):
+                full[a] = iv
+            b.stmt(s.AccumOp(op.kind.data, self.emit(b, op.x, full), acc.result, []))
+            b.close_n(len(inner))
+            b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc.result, []), pinned=True), local.result, outer))
+            b.close_n(len(outer))
+        elif isinstance(op, ir.ScatterAddOp):
+            rows = t.shape[0]
+            n_dim = ir.tensor_type(op.idx).shape[0]
+            start = s.AllocOp(s.BufType.make([f"{rows}+1"], "i64", "temp"))
+            order = s.AllocOp(s.BufType.make([n_dim], "i64", "temp"))
+            # the segments are built once, before the group's loops
+            for pre in (start, order):
+                b._insert(pre, 0)
+            b._insert(s.SegmentsOp(self.ibuf[op.idx], start.result, order.result, b.dim(rows)), 0)
+            one = b.const(1, "i64")
+            lo = b.scalar(s.LoadOp(start.result, [x]))
+            hi = b.scalar(s.LoadOp(start.result, [b.scalar(ir.AddOp(x, one))]))
+            seg = b.open(lo, hi, "serial", "s")
+            n = b.scalar(s.LoadOp(order.result, [seg]))
+            inner = b.loops(rest, "parallel", "d")
+            b.stmt(s.AccumOp("sum", self.emit(b, op.values, [n, *inner]), local.result, inner))
+            b.close_n(len(inner) + 1)
+        else:
+            raise NotFusable(f"{op} cannot be computed per row")
+        self.rowlocal[m] = (local.result, x)
+
