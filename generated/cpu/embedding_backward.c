@@ -17,7 +17,7 @@ static size_t k_embedding_backward_f16_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -88,6 +88,84 @@ static opgen_status_t k_embedding_backward_f16_i8(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f16_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f16_i8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f16_i16_ws(const int64_t *dims) {
@@ -102,7 +180,7 @@ static size_t k_embedding_backward_f16_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -173,6 +251,84 @@ static opgen_status_t k_embedding_backward_f16_i16(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f16_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f16_i16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f16_i32_ws(const int64_t *dims) {
@@ -187,7 +343,7 @@ static size_t k_embedding_backward_f16_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -258,6 +414,84 @@ static opgen_status_t k_embedding_backward_f16_i32(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f16_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f16_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f16_i64_ws(const int64_t *dims) {
@@ -272,7 +506,7 @@ static size_t k_embedding_backward_f16_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -343,6 +577,84 @@ static opgen_status_t k_embedding_backward_f16_i64(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int64_t v8 = i1[i7];
+        const int64_t v9 = v8;
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f16_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f16_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f16_u8_ws(const int64_t *dims) {
@@ -357,7 +669,7 @@ static size_t k_embedding_backward_f16_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -428,6 +740,84 @@ static opgen_status_t k_embedding_backward_f16_u8(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f16_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f16_u8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f16_u16_ws(const int64_t *dims) {
@@ -442,7 +832,7 @@ static size_t k_embedding_backward_f16_u16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -513,6 +903,84 @@ static opgen_status_t k_embedding_backward_f16_u16(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f16_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f16_u16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f16_u32_ws(const int64_t *dims) {
@@ -527,7 +995,7 @@ static size_t k_embedding_backward_f16_u32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -598,6 +1066,84 @@ static opgen_status_t k_embedding_backward_f16_u32(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f16_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f16_u32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f16_u64_ws(const int64_t *dims) {
@@ -612,7 +1158,7 @@ static size_t k_embedding_backward_f16_u64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -683,6 +1229,84 @@ static opgen_status_t k_embedding_backward_f16_u64(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint64_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f16_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f16_u64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_bf16_i8_ws(const int64_t *dims) {
@@ -697,7 +1321,7 @@ static size_t k_embedding_backward_bf16_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_bf16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -768,6 +1392,84 @@ static opgen_status_t k_embedding_backward_bf16_i8(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_bf16_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward_bf16_i8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_bf16_i16_ws(const int64_t *dims) {
@@ -782,7 +1484,7 @@ static size_t k_embedding_backward_bf16_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_bf16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -853,6 +1555,84 @@ static opgen_status_t k_embedding_backward_bf16_i16(const opgen_buf_t *bufs, con
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_bf16_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward_bf16_i16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_bf16_i32_ws(const int64_t *dims) {
@@ -867,7 +1647,7 @@ static size_t k_embedding_backward_bf16_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_bf16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -938,6 +1718,84 @@ static opgen_status_t k_embedding_backward_bf16_i32(const opgen_buf_t *bufs, con
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_bf16_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward_bf16_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_bf16_i64_ws(const int64_t *dims) {
@@ -952,7 +1810,7 @@ static size_t k_embedding_backward_bf16_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_bf16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -1023,6 +1881,84 @@ static opgen_status_t k_embedding_backward_bf16_i64(const opgen_buf_t *bufs, con
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int64_t v8 = i1[i7];
+        const int64_t v9 = v8;
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_bf16_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward_bf16_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_bf16_u8_ws(const int64_t *dims) {
@@ -1037,7 +1973,7 @@ static size_t k_embedding_backward_bf16_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_bf16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -1108,6 +2044,84 @@ static opgen_status_t k_embedding_backward_bf16_u8(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_bf16_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward_bf16_u8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_bf16_u16_ws(const int64_t *dims) {
@@ -1122,7 +2136,7 @@ static size_t k_embedding_backward_bf16_u16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_bf16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -1193,6 +2207,84 @@ static opgen_status_t k_embedding_backward_bf16_u16(const opgen_buf_t *bufs, con
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_bf16_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward_bf16_u16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_bf16_u32_ws(const int64_t *dims) {
@@ -1207,7 +2299,7 @@ static size_t k_embedding_backward_bf16_u32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_bf16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -1278,6 +2370,84 @@ static opgen_status_t k_embedding_backward_bf16_u32(const opgen_buf_t *bufs, con
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_bf16_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward_bf16_u32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_bf16_u64_ws(const int64_t *dims) {
@@ -1292,7 +2462,7 @@ static size_t k_embedding_backward_bf16_u64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_bf16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -1363,6 +2533,84 @@ static opgen_status_t k_embedding_backward_bf16_u64(const opgen_buf_t *bufs, con
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint64_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_bf16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_bf16_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward_bf16_u64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f32_i8_ws(const int64_t *dims) {
@@ -1377,7 +2625,7 @@ static size_t k_embedding_backward_f32_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f32_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -1448,6 +2696,84 @@ static opgen_status_t k_embedding_backward_f32_i8(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f32_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f32_i8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f32_i16_ws(const int64_t *dims) {
@@ -1462,7 +2788,7 @@ static size_t k_embedding_backward_f32_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f32_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -1533,6 +2859,84 @@ static opgen_status_t k_embedding_backward_f32_i16(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f32_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f32_i16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f32_i32_ws(const int64_t *dims) {
@@ -1547,7 +2951,7 @@ static size_t k_embedding_backward_f32_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f32_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -1618,6 +3022,84 @@ static opgen_status_t k_embedding_backward_f32_i32(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f32_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f32_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f32_i64_ws(const int64_t *dims) {
@@ -1632,7 +3114,7 @@ static size_t k_embedding_backward_f32_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f32_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -1703,6 +3185,84 @@ static opgen_status_t k_embedding_backward_f32_i64(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int64_t v8 = i1[i7];
+        const int64_t v9 = v8;
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f32_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f32_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f32_u8_ws(const int64_t *dims) {
@@ -1717,7 +3277,7 @@ static size_t k_embedding_backward_f32_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f32_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -1788,6 +3348,84 @@ static opgen_status_t k_embedding_backward_f32_u8(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f32_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f32_u8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f32_u16_ws(const int64_t *dims) {
@@ -1802,7 +3440,7 @@ static size_t k_embedding_backward_f32_u16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f32_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -1873,6 +3511,84 @@ static opgen_status_t k_embedding_backward_f32_u16(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f32_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f32_u16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f32_u32_ws(const int64_t *dims) {
@@ -1887,7 +3603,7 @@ static size_t k_embedding_backward_f32_u32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f32_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -1958,6 +3674,84 @@ static opgen_status_t k_embedding_backward_f32_u32(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f32_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f32_u32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f32_u64_ws(const int64_t *dims) {
@@ -1972,7 +3766,7 @@ static size_t k_embedding_backward_f32_u64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f32_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -2043,6 +3837,84 @@ static opgen_status_t k_embedding_backward_f32_u64(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint64_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f32_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f32_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f32_u64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f64_i8_ws(const int64_t *dims) {
@@ -2057,7 +3929,7 @@ static size_t k_embedding_backward_f64_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f64_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -2128,6 +4000,84 @@ static opgen_status_t k_embedding_backward_f64_i8(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f64_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f64_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f64_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f64_i8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f64_i16_ws(const int64_t *dims) {
@@ -2142,7 +4092,7 @@ static size_t k_embedding_backward_f64_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f64_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -2213,6 +4163,84 @@ static opgen_status_t k_embedding_backward_f64_i16(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f64_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f64_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f64_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f64_i16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f64_i32_ws(const int64_t *dims) {
@@ -2227,7 +4255,7 @@ static size_t k_embedding_backward_f64_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f64_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -2298,6 +4326,84 @@ static opgen_status_t k_embedding_backward_f64_i32(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f64_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f64_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f64_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f64_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f64_i64_ws(const int64_t *dims) {
@@ -2312,7 +4418,7 @@ static size_t k_embedding_backward_f64_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f64_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -2383,6 +4489,84 @@ static opgen_status_t k_embedding_backward_f64_i64(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f64_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int64_t v8 = i1[i7];
+        const int64_t v9 = v8;
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f64_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f64_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f64_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f64_u8_ws(const int64_t *dims) {
@@ -2397,7 +4581,7 @@ static size_t k_embedding_backward_f64_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f64_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -2468,6 +4652,84 @@ static opgen_status_t k_embedding_backward_f64_u8(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f64_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f64_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f64_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f64_u8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f64_u16_ws(const int64_t *dims) {
@@ -2482,7 +4744,7 @@ static size_t k_embedding_backward_f64_u16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f64_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -2553,6 +4815,84 @@ static opgen_status_t k_embedding_backward_f64_u16(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f64_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f64_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f64_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f64_u16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f64_u32_ws(const int64_t *dims) {
@@ -2567,7 +4907,7 @@ static size_t k_embedding_backward_f64_u32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f64_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -2638,6 +4978,84 @@ static opgen_status_t k_embedding_backward_f64_u32(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f64_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f64_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f64_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f64_u32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward_f64_u64_ws(const int64_t *dims) {
@@ -2652,7 +5070,7 @@ static size_t k_embedding_backward_f64_u64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward_f64_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -2725,6 +5143,84 @@ static opgen_status_t k_embedding_backward_f64_u64(const opgen_buf_t *bufs, cons
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward_f64_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint64_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward_f64_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward_f64_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward_f64_u64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2737,7 +5233,7 @@ static size_t k_embedding_backward__i2_f16_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -2808,6 +5304,83 @@ static opgen_status_t k_embedding_backward__i2_f16_i8(const opgen_buf_t *bufs, c
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f16_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f16_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f16_i8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_f16_i16_ws(const int64_t *dims) {
@@ -2822,7 +5395,7 @@ static size_t k_embedding_backward__i2_f16_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -2893,6 +5466,83 @@ static opgen_status_t k_embedding_backward__i2_f16_i16(const opgen_buf_t *bufs, 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f16_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f16_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f16_i16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_f16_i32_ws(const int64_t *dims) {
@@ -2907,7 +5557,7 @@ static size_t k_embedding_backward__i2_f16_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -2978,6 +5628,83 @@ static opgen_status_t k_embedding_backward__i2_f16_i32(const opgen_buf_t *bufs, 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f16_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f16_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f16_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_f16_i64_ws(const int64_t *dims) {
@@ -2992,7 +5719,7 @@ static size_t k_embedding_backward__i2_f16_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -3063,6 +5790,83 @@ static opgen_status_t k_embedding_backward__i2_f16_i64(const opgen_buf_t *bufs, 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f16_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = i1[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f16_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f16_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_f16_u8_ws(const int64_t *dims) {
@@ -3077,7 +5881,7 @@ static size_t k_embedding_backward__i2_f16_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -3148,6 +5952,83 @@ static opgen_status_t k_embedding_backward__i2_f16_u8(const opgen_buf_t *bufs, c
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f16_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f16_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f16_u8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_f16_u16_ws(const int64_t *dims) {
@@ -3162,7 +6043,7 @@ static size_t k_embedding_backward__i2_f16_u16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -3233,6 +6114,83 @@ static opgen_status_t k_embedding_backward__i2_f16_u16(const opgen_buf_t *bufs, 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f16_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f16_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f16_u16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_f16_u32_ws(const int64_t *dims) {
@@ -3247,7 +6205,7 @@ static size_t k_embedding_backward__i2_f16_u32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -3318,6 +6276,83 @@ static opgen_status_t k_embedding_backward__i2_f16_u32(const opgen_buf_t *bufs, 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f16_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f16_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f16_u32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_f16_u64_ws(const int64_t *dims) {
@@ -3332,7 +6367,7 @@ static size_t k_embedding_backward__i2_f16_u64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -3405,6 +6440,83 @@ static opgen_status_t k_embedding_backward__i2_f16_u64(const opgen_buf_t *bufs, 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f16_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint64_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_f16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_f16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f16_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f16_u64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -3417,7 +6529,7 @@ static size_t k_embedding_backward__i2_bf16_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_bf16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -3488,6 +6600,83 @@ static opgen_status_t k_embedding_backward__i2_bf16_i8(const opgen_buf_t *bufs, 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_bf16_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_bf16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_bf16_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_bf16_i8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_bf16_i16_ws(const int64_t *dims) {
@@ -3502,7 +6691,7 @@ static size_t k_embedding_backward__i2_bf16_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_bf16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -3573,6 +6762,83 @@ static opgen_status_t k_embedding_backward__i2_bf16_i16(const opgen_buf_t *bufs,
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_bf16_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_bf16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_bf16_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_bf16_i16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_bf16_i32_ws(const int64_t *dims) {
@@ -3587,7 +6853,7 @@ static size_t k_embedding_backward__i2_bf16_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_bf16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -3658,6 +6924,83 @@ static opgen_status_t k_embedding_backward__i2_bf16_i32(const opgen_buf_t *bufs,
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_bf16_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_bf16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_bf16_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_bf16_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_bf16_i64_ws(const int64_t *dims) {
@@ -3672,7 +7015,7 @@ static size_t k_embedding_backward__i2_bf16_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_bf16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -3743,6 +7086,83 @@ static opgen_status_t k_embedding_backward__i2_bf16_i64(const opgen_buf_t *bufs,
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_bf16_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = i1[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_bf16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_bf16_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_bf16_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_bf16_u8_ws(const int64_t *dims) {
@@ -3757,7 +7177,7 @@ static size_t k_embedding_backward__i2_bf16_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_bf16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -3828,6 +7248,83 @@ static opgen_status_t k_embedding_backward__i2_bf16_u8(const opgen_buf_t *bufs, 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_bf16_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_bf16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_bf16_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_bf16_u8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_bf16_u16_ws(const int64_t *dims) {
@@ -3842,7 +7339,7 @@ static size_t k_embedding_backward__i2_bf16_u16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_bf16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -3913,6 +7410,83 @@ static opgen_status_t k_embedding_backward__i2_bf16_u16(const opgen_buf_t *bufs,
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_bf16_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_bf16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_bf16_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_bf16_u16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_bf16_u32_ws(const int64_t *dims) {
@@ -3927,7 +7501,7 @@ static size_t k_embedding_backward__i2_bf16_u32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_bf16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -3998,6 +7572,83 @@ static opgen_status_t k_embedding_backward__i2_bf16_u32(const opgen_buf_t *bufs,
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_bf16_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_bf16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_bf16_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_bf16_u32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_bf16_u64_ws(const int64_t *dims) {
@@ -4012,7 +7663,7 @@ static size_t k_embedding_backward__i2_bf16_u64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_bf16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -4085,6 +7736,83 @@ static opgen_status_t k_embedding_backward__i2_bf16_u64(const opgen_buf_t *bufs,
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_bf16_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint64_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = opgen_bf16_to_f32(dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = opgen_bf16_to_f32(dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_bf16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_bf16_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_bf16_u64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f32_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4097,7 +7825,7 @@ static size_t k_embedding_backward__i2_f32_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f32_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -4168,6 +7896,83 @@ static opgen_status_t k_embedding_backward__i2_f32_i8(const opgen_buf_t *bufs, c
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f32_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = dy[v25 * st_dy_0 + i26];
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f32_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f32_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f32_i8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_f32_i16_ws(const int64_t *dims) {
@@ -4182,7 +7987,7 @@ static size_t k_embedding_backward__i2_f32_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f32_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -4255,6 +8060,83 @@ static opgen_status_t k_embedding_backward__i2_f32_i16(const opgen_buf_t *bufs, 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f32_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = dy[v25 * st_dy_0 + i26];
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f32_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f32_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f32_i16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f32_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4267,7 +8149,7 @@ static size_t k_embedding_backward__i2_f32_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f32_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -4340,6 +8222,83 @@ static opgen_status_t k_embedding_backward__i2_f32_i32(const opgen_buf_t *bufs, 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f32_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = dy[v25 * st_dy_0 + i26];
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f32_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f32_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f32_i32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f32_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4352,7 +8311,7 @@ static size_t k_embedding_backward__i2_f32_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f32_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -4425,6 +8384,83 @@ static opgen_status_t k_embedding_backward__i2_f32_i64(const opgen_buf_t *bufs, 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f32_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = i1[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = dy[v25 * st_dy_0 + i26];
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f32_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f32_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f32_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f32_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4437,7 +8473,7 @@ static size_t k_embedding_backward__i2_f32_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f32_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -4510,6 +8546,83 @@ static opgen_status_t k_embedding_backward__i2_f32_u8(const opgen_buf_t *bufs, c
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f32_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = dy[v25 * st_dy_0 + i26];
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f32_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f32_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f32_u8_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f32_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4522,7 +8635,7 @@ static size_t k_embedding_backward__i2_f32_u16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f32_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -4595,6 +8708,83 @@ static opgen_status_t k_embedding_backward__i2_f32_u16(const opgen_buf_t *bufs, 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f32_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = dy[v25 * st_dy_0 + i26];
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f32_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f32_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f32_u16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f32_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4607,7 +8797,7 @@ static size_t k_embedding_backward__i2_f32_u32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f32_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -4680,6 +8870,83 @@ static opgen_status_t k_embedding_backward__i2_f32_u32(const opgen_buf_t *bufs, 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f32_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = dy[v25 * st_dy_0 + i26];
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f32_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f32_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f32_u32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f32_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4692,7 +8959,7 @@ static size_t k_embedding_backward__i2_f32_u64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f32_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -4765,6 +9032,83 @@ static opgen_status_t k_embedding_backward__i2_f32_u64(const opgen_buf_t *bufs, 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f32_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint64_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const float v17 = alpha1;
+    const float v18 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const float v27 = dy[v25 * st_dy_0 + i26];
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const float v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f32_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f32_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f32_u64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f64_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4777,7 +9121,7 @@ static size_t k_embedding_backward__i2_f64_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f64_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -4850,6 +9194,83 @@ static opgen_status_t k_embedding_backward__i2_f64_i8(const opgen_buf_t *bufs, c
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const double v27 = dy[v25 * st_dy_0 + i26];
+                const double v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f64_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f64_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f64_i8_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f64_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4862,7 +9283,7 @@ static size_t k_embedding_backward__i2_f64_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f64_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -4935,6 +9356,83 @@ static opgen_status_t k_embedding_backward__i2_f64_i16(const opgen_buf_t *bufs, 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const double v27 = dy[v25 * st_dy_0 + i26];
+                const double v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f64_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f64_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f64_i16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f64_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4947,7 +9445,7 @@ static size_t k_embedding_backward__i2_f64_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f64_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -5020,6 +9518,83 @@ static opgen_status_t k_embedding_backward__i2_f64_i32(const opgen_buf_t *bufs, 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const double v27 = dy[v25 * st_dy_0 + i26];
+                const double v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f64_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f64_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f64_i32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f64_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5032,7 +9607,7 @@ static size_t k_embedding_backward__i2_f64_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f64_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -5105,6 +9680,83 @@ static opgen_status_t k_embedding_backward__i2_f64_i64(const opgen_buf_t *bufs, 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = i1[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const double v27 = dy[v25 * st_dy_0 + i26];
+                const double v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f64_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f64_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f64_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f64_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5117,7 +9769,7 @@ static size_t k_embedding_backward__i2_f64_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f64_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -5190,6 +9842,83 @@ static opgen_status_t k_embedding_backward__i2_f64_u8(const opgen_buf_t *bufs, c
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const double v27 = dy[v25 * st_dy_0 + i26];
+                const double v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f64_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f64_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f64_u8_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f64_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5202,7 +9931,7 @@ static size_t k_embedding_backward__i2_f64_u16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f64_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -5275,6 +10004,83 @@ static opgen_status_t k_embedding_backward__i2_f64_u16(const opgen_buf_t *bufs, 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const double v27 = dy[v25 * st_dy_0 + i26];
+                const double v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f64_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f64_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f64_u16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f64_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5287,7 +10093,7 @@ static size_t k_embedding_backward__i2_f64_u32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f64_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -5360,6 +10166,83 @@ static opgen_status_t k_embedding_backward__i2_f64_u32(const opgen_buf_t *bufs, 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const double v27 = dy[v25 * st_dy_0 + i26];
+                const double v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f64_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f64_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f64_u32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_f64_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5372,7 +10255,7 @@ static size_t k_embedding_backward__i2_f64_u64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_f64_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -5445,6 +10328,83 @@ static opgen_status_t k_embedding_backward__i2_f64_u64(const opgen_buf_t *bufs, 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint64_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_N1;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    const double v17 = (double)(alpha1);
+    const double v18 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i19 = v11; i19 < v12; i19++) {
+        double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v21 = t13[i19];
+        const int64_t v22 = i19 + v15;
+        const int64_t v23 = t13[v22];
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t14[i24];
+            for (int64_t i26 = v11; i26 < v16; i26++) {
+                const double v27 = dy[v25 * st_dy_0 + i26];
+                const double v28 = v27 * v17;
+                l20[i26] += v28;
+            }
+        }
+        for (int64_t i29 = v11; i29 < v16; i29++) {
+            const double v30 = dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            dtable1[i19 * st_dtable1_0 + i29] = v33;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_f64_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_f64_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_f64_u64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5457,7 +10417,7 @@ static size_t k_embedding_backward__dtable2_f16_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -5531,6 +10491,87 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i8(const opgen_buf_t *bu
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f16_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f16_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f16_i8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__dtable2_f16_i16_ws(const int64_t *dims) {
@@ -5545,7 +10586,7 @@ static size_t k_embedding_backward__dtable2_f16_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -5619,6 +10660,87 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i16(const opgen_buf_t *b
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f16_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f16_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f16_i16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__dtable2_f16_i32_ws(const int64_t *dims) {
@@ -5633,7 +10755,7 @@ static size_t k_embedding_backward__dtable2_f16_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -5707,6 +10829,87 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i32(const opgen_buf_t *b
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f16_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f16_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f16_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__dtable2_f16_i64_ws(const int64_t *dims) {
@@ -5721,7 +10924,7 @@ static size_t k_embedding_backward__dtable2_f16_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -5795,6 +10998,87 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i64(const opgen_buf_t *b
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f16_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int64_t v8 = i1[i7];
+        const int64_t v9 = v8;
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f16_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f16_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__dtable2_f16_u8_ws(const int64_t *dims) {
@@ -5809,7 +11093,7 @@ static size_t k_embedding_backward__dtable2_f16_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -5883,6 +11167,87 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u8(const opgen_buf_t *bu
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f16_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f16_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f16_u8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__dtable2_f16_u16_ws(const int64_t *dims) {
@@ -5897,7 +11262,7 @@ static size_t k_embedding_backward__dtable2_f16_u16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -5971,6 +11336,87 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u16(const opgen_buf_t *b
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f16_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f16_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f16_u16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__dtable2_f16_u32_ws(const int64_t *dims) {
@@ -5985,7 +11431,7 @@ static size_t k_embedding_backward__dtable2_f16_u32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -6059,6 +11505,87 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u32(const opgen_buf_t *b
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f16_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f16_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f16_u32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__dtable2_f16_u64_ws(const int64_t *dims) {
@@ -6073,7 +11600,7 @@ static size_t k_embedding_backward__dtable2_f16_u64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -6149,6 +11676,87 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u64(const opgen_buf_t *b
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f16_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint64_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f16_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f16_u64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -6161,7 +11769,7 @@ static size_t k_embedding_backward__dtable2_bf16_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_bf16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -6235,6 +11843,87 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i8(const opgen_buf_t *b
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_bf16_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_bf16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_bf16_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_bf16_i8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__dtable2_bf16_i16_ws(const int64_t *dims) {
@@ -6249,7 +11938,7 @@ static size_t k_embedding_backward__dtable2_bf16_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_bf16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -6323,6 +12012,87 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i16(const opgen_buf_t *
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_bf16_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_bf16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_bf16_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_bf16_i16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__dtable2_bf16_i32_ws(const int64_t *dims) {
@@ -6337,7 +12107,7 @@ static size_t k_embedding_backward__dtable2_bf16_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_bf16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -6411,6 +12181,87 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i32(const opgen_buf_t *
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_bf16_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_bf16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_bf16_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_bf16_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__dtable2_bf16_i64_ws(const int64_t *dims) {
@@ -6425,7 +12276,7 @@ static size_t k_embedding_backward__dtable2_bf16_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_bf16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -6499,6 +12350,87 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i64(const opgen_buf_t *
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_bf16_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int64_t v8 = i1[i7];
+        const int64_t v9 = v8;
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_bf16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_bf16_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_bf16_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__dtable2_bf16_u8_ws(const int64_t *dims) {
@@ -6513,7 +12445,7 @@ static size_t k_embedding_backward__dtable2_bf16_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_bf16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -6587,6 +12519,87 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u8(const opgen_buf_t *b
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_bf16_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_bf16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_bf16_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_bf16_u8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__dtable2_bf16_u16_ws(const int64_t *dims) {
@@ -6601,7 +12614,7 @@ static size_t k_embedding_backward__dtable2_bf16_u16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_bf16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -6675,6 +12688,87 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u16(const opgen_buf_t *
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_bf16_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_bf16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_bf16_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_bf16_u16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__dtable2_bf16_u32_ws(const int64_t *dims) {
@@ -6689,7 +12783,7 @@ static size_t k_embedding_backward__dtable2_bf16_u32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_bf16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -6763,6 +12857,87 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u32(const opgen_buf_t *
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_bf16_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_bf16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_bf16_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_bf16_u32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__dtable2_bf16_u64_ws(const int64_t *dims) {
@@ -6777,7 +12952,7 @@ static size_t k_embedding_backward__dtable2_bf16_u64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_bf16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -6853,6 +13028,87 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u64(const opgen_buf_t *
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_bf16_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint64_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_bf16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_bf16_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_bf16_u64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f32_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -6865,7 +13121,7 @@ static size_t k_embedding_backward__dtable2_f32_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f32_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -6939,6 +13195,87 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i8(const opgen_buf_t *bu
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f32_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f32_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f32_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f32_i8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__dtable2_f32_i16_ws(const int64_t *dims) {
@@ -6953,7 +13290,7 @@ static size_t k_embedding_backward__dtable2_f32_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f32_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -7029,6 +13366,87 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i16(const opgen_buf_t *b
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f32_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f32_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f32_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f32_i16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f32_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7041,7 +13459,7 @@ static size_t k_embedding_backward__dtable2_f32_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f32_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -7117,6 +13535,87 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i32(const opgen_buf_t *b
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f32_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f32_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f32_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f32_i32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f32_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7129,7 +13628,7 @@ static size_t k_embedding_backward__dtable2_f32_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f32_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -7205,6 +13704,87 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i64(const opgen_buf_t *b
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f32_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int64_t v8 = i1[i7];
+        const int64_t v9 = v8;
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f32_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f32_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f32_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f32_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7217,7 +13797,7 @@ static size_t k_embedding_backward__dtable2_f32_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f32_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -7293,6 +13873,87 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u8(const opgen_buf_t *bu
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f32_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f32_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f32_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f32_u8_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f32_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7305,7 +13966,7 @@ static size_t k_embedding_backward__dtable2_f32_u16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f32_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -7381,6 +14042,87 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u16(const opgen_buf_t *b
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f32_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f32_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f32_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f32_u16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f32_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7393,7 +14135,7 @@ static size_t k_embedding_backward__dtable2_f32_u32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f32_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -7469,6 +14211,87 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u32(const opgen_buf_t *b
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f32_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f32_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f32_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f32_u32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f32_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7481,7 +14304,7 @@ static size_t k_embedding_backward__dtable2_f32_u64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f32_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -7557,6 +14380,87 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u64(const opgen_buf_t *b
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f32_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint64_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const float v19 = alpha1;
+    const float v20 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const float v29 = dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f32_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f32_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f32_u64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f64_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7569,7 +14473,7 @@ static size_t k_embedding_backward__dtable2_f64_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f64_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -7645,6 +14549,87 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i8(const opgen_buf_t *bu
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f64_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f64_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f64_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f64_i8_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f64_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7657,7 +14642,7 @@ static size_t k_embedding_backward__dtable2_f64_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f64_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -7733,6 +14718,87 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i16(const opgen_buf_t *b
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f64_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f64_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f64_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f64_i16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f64_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7745,7 +14811,7 @@ static size_t k_embedding_backward__dtable2_f64_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f64_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -7821,6 +14887,87 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i32(const opgen_buf_t *b
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f64_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f64_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f64_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f64_i32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f64_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7833,7 +14980,7 @@ static size_t k_embedding_backward__dtable2_f64_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f64_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -7909,6 +15056,87 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i64(const opgen_buf_t *b
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f64_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const int64_t v8 = i1[i7];
+        const int64_t v9 = v8;
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f64_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f64_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f64_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f64_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7921,7 +15149,7 @@ static size_t k_embedding_backward__dtable2_f64_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f64_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -7997,6 +15225,87 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u8(const opgen_buf_t *bu
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f64_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint8_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f64_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f64_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f64_u8_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f64_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -8009,7 +15318,7 @@ static size_t k_embedding_backward__dtable2_f64_u16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f64_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -8085,6 +15394,87 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u16(const opgen_buf_t *b
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f64_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint16_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f64_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f64_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f64_u16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f64_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -8097,7 +15487,7 @@ static size_t k_embedding_backward__dtable2_f64_u32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f64_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -8173,6 +15563,87 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u32(const opgen_buf_t *b
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f64_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint32_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f64_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f64_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f64_u32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__dtable2_f64_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -8185,7 +15656,7 @@ static size_t k_embedding_backward__dtable2_f64_u64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__dtable2_f64_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -8259,6 +15730,87 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u64(const opgen_buf_t *b
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f64_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_N1;
+    for (int64_t i7 = v4; i7 < v5; i7++) {
+        const uint64_t v8 = i1[i7];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
+        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t3[i7] = v9;
+    }
+    const int64_t v13 = 0ll;
+    const int64_t v14 = d_N1;
+    opgen_segments(t3, d_N, v14, t15, t16);
+    const int64_t v17 = 1ll;
+    const int64_t v18 = d_D;
+    const double v19 = (double)(alpha1);
+    const double v20 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i21 = v13; i21 < v14; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = t15[i21];
+        const int64_t v24 = i21 + v17;
+        const int64_t v25 = t15[v24];
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t16[i26];
+            for (int64_t i28 = v13; i28 < v18; i28++) {
+                const double v29 = dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
+            }
+        }
+        for (int64_t i31 = v13; i31 < v18; i31++) {
+            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__dtable2_f64_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__dtable2_f64_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__dtable2_f64_u64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_f16_i8_ws(const int64_t *dims) {
@@ -8277,7 +15829,7 @@ static size_t k_embedding_backward__i2_dtable2_f16_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -8397,6 +15949,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8(const opgen_buf_t 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int8_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f16_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f16_i8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_f16_i16_ws(const int64_t *dims) {
@@ -8415,7 +16093,7 @@ static size_t k_embedding_backward__i2_dtable2_f16_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -8535,6 +16213,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16(const opgen_buf_t
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int16_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f16_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f16_i16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_f16_i32_ws(const int64_t *dims) {
@@ -8553,7 +16357,7 @@ static size_t k_embedding_backward__i2_dtable2_f16_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -8673,6 +16477,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32(const opgen_buf_t
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int32_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f16_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f16_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_f16_i64_ws(const int64_t *dims) {
@@ -8691,7 +16621,7 @@ static size_t k_embedding_backward__i2_dtable2_f16_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -8811,6 +16741,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64(const opgen_buf_t
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = i1[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int64_t v16 = i2[i15];
+        const int64_t v17 = v16;
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f16_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f16_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_f16_u8_ws(const int64_t *dims) {
@@ -8829,7 +16885,7 @@ static size_t k_embedding_backward__i2_dtable2_f16_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -8949,6 +17005,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8(const opgen_buf_t 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint8_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f16_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f16_u8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_f16_u16_ws(const int64_t *dims) {
@@ -8967,7 +17149,7 @@ static size_t k_embedding_backward__i2_dtable2_f16_u16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -9087,6 +17269,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16(const opgen_buf_t
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint16_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f16_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f16_u16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_f16_u32_ws(const int64_t *dims) {
@@ -9105,7 +17413,7 @@ static size_t k_embedding_backward__i2_dtable2_f16_u32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -9225,6 +17533,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32(const opgen_buf_t
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint32_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f16_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f16_u32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_f16_u64_ws(const int64_t *dims) {
@@ -9243,7 +17677,7 @@ static size_t k_embedding_backward__i2_dtable2_f16_u64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -9365,6 +17799,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64(const opgen_buf_t
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint64_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint64_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_f16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_f16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_f16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_f16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_f16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_f16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f16_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f16_u64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -9381,7 +17941,7 @@ static size_t k_embedding_backward__i2_dtable2_bf16_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -9501,6 +18061,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8(const opgen_buf_t
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int8_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_bf16_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_bf16_i8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_bf16_i16_ws(const int64_t *dims) {
@@ -9519,7 +18205,7 @@ static size_t k_embedding_backward__i2_dtable2_bf16_i16_ws(const int64_t *dims) 
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -9639,6 +18325,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16(const opgen_buf_
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int16_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_bf16_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_bf16_i16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_bf16_i32_ws(const int64_t *dims) {
@@ -9657,7 +18469,7 @@ static size_t k_embedding_backward__i2_dtable2_bf16_i32_ws(const int64_t *dims) 
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -9777,6 +18589,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32(const opgen_buf_
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int32_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_bf16_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_bf16_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_bf16_i64_ws(const int64_t *dims) {
@@ -9795,7 +18733,7 @@ static size_t k_embedding_backward__i2_dtable2_bf16_i64_ws(const int64_t *dims) 
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -9915,6 +18853,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64(const opgen_buf_
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = i1[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int64_t v16 = i2[i15];
+        const int64_t v17 = v16;
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_bf16_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_bf16_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_bf16_u8_ws(const int64_t *dims) {
@@ -9933,7 +18997,7 @@ static size_t k_embedding_backward__i2_dtable2_bf16_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -10053,6 +19117,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8(const opgen_buf_t
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint8_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_bf16_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_bf16_u8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_bf16_u16_ws(const int64_t *dims) {
@@ -10071,7 +19261,7 @@ static size_t k_embedding_backward__i2_dtable2_bf16_u16_ws(const int64_t *dims) 
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -10191,6 +19381,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16(const opgen_buf_
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint16_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_bf16_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_bf16_u16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_bf16_u32_ws(const int64_t *dims) {
@@ -10209,7 +19525,7 @@ static size_t k_embedding_backward__i2_dtable2_bf16_u32_ws(const int64_t *dims) 
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -10329,6 +19645,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32(const opgen_buf_
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint32_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_bf16_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_bf16_u32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_bf16_u64_ws(const int64_t *dims) {
@@ -10347,7 +19789,7 @@ static size_t k_embedding_backward__i2_dtable2_bf16_u64_ws(const int64_t *dims) 
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -10469,6 +19911,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64(const opgen_buf_
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint64_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint64_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = opgen_bf16_to_f32(dy[v35 * st_dy_0 + i36]);
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = opgen_bf16_to_f32(dtable1[i29 * st_dtable1_0 + i39]);
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = opgen_f32_to_bf16(v43);
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = opgen_bf16_to_f32(dy[v58 * st_dy_0 + i59]);
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = opgen_bf16_to_f32(dtable2[i52 * st_dtable2_0 + i62]);
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = opgen_f32_to_bf16(v66);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_bf16_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_bf16_u64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_f32_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -10485,7 +20053,7 @@ static size_t k_embedding_backward__i2_dtable2_f32_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -10605,6 +20173,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8(const opgen_buf_t 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int8_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = dy[v35 * st_dy_0 + i36];
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f32_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f32_i8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_backward__i2_dtable2_f32_i16_ws(const int64_t *dims) {
@@ -10623,7 +20317,7 @@ static size_t k_embedding_backward__i2_dtable2_f32_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -10745,6 +20439,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16(const opgen_buf_t
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int16_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = dy[v35 * st_dy_0 + i36];
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f32_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f32_i16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_f32_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -10761,7 +20581,7 @@ static size_t k_embedding_backward__i2_dtable2_f32_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -10883,6 +20703,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32(const opgen_buf_t
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int32_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = dy[v35 * st_dy_0 + i36];
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f32_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f32_i32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_f32_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -10899,7 +20845,7 @@ static size_t k_embedding_backward__i2_dtable2_f32_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -11021,6 +20967,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64(const opgen_buf_t
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = i1[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int64_t v16 = i2[i15];
+        const int64_t v17 = v16;
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = dy[v35 * st_dy_0 + i36];
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f32_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f32_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_f32_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -11037,7 +21109,7 @@ static size_t k_embedding_backward__i2_dtable2_f32_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -11159,6 +21231,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8(const opgen_buf_t 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint8_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = dy[v35 * st_dy_0 + i36];
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f32_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f32_u8_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_f32_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -11175,7 +21373,7 @@ static size_t k_embedding_backward__i2_dtable2_f32_u16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -11297,6 +21495,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16(const opgen_buf_t
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint16_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = dy[v35 * st_dy_0 + i36];
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f32_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f32_u16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_f32_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -11313,7 +21637,7 @@ static size_t k_embedding_backward__i2_dtable2_f32_u32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -11435,6 +21759,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32(const opgen_buf_t
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint32_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = dy[v35 * st_dy_0 + i36];
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f32_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f32_u32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_f32_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -11451,7 +21901,7 @@ static size_t k_embedding_backward__i2_dtable2_f32_u64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict dy = (const float *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -11573,6 +22023,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64(const opgen_buf_t
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint64_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint64_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const float v27 = alpha1;
+    const float v28 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const float v37 = dy[v35 * st_dy_0 + i36];
+                const float v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const float v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const float v41 = dtable1_acc ? v40 : v28;
+            const float v42 = l30[i39];
+            const float v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const float v50 = alpha2;
+    const float v51 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const float v60 = dy[v58 * st_dy_0 + i59];
+                const float v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const float v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const float v64 = dtable2_acc ? v63 : v51;
+            const float v65 = l53[i62];
+            const float v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f32_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f32_u64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_f64_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -11589,7 +22165,7 @@ static size_t k_embedding_backward__i2_dtable2_f64_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -11711,6 +22287,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8(const opgen_buf_t 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    (void)i1;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int8_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const double v37 = dy[v35 * st_dy_0 + i36];
+                const double v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f64_i8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f64_i8_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_f64_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -11727,7 +22429,7 @@ static size_t k_embedding_backward__i2_dtable2_f64_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -11849,6 +22551,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16(const opgen_buf_t
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    (void)i1;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int16_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const double v37 = dy[v35 * st_dy_0 + i36];
+                const double v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f64_i16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f64_i16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_f64_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -11865,7 +22693,7 @@ static size_t k_embedding_backward__i2_dtable2_f64_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -11987,6 +22815,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32(const opgen_buf_t
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    (void)i1;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int32_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const double v37 = dy[v35 * st_dy_0 + i36];
+                const double v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f64_i32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f64_i32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_f64_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -12003,7 +22957,7 @@ static size_t k_embedding_backward__i2_dtable2_f64_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -12125,6 +23079,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64(const opgen_buf_t
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    (void)i1;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = i1[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const int64_t v16 = i2[i15];
+        const int64_t v17 = v16;
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const double v37 = dy[v35 * st_dy_0 + i36];
+                const double v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f64_i64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f64_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_f64_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -12141,7 +23221,7 @@ static size_t k_embedding_backward__i2_dtable2_f64_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -12263,6 +23343,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8(const opgen_buf_t 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    (void)i1;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint8_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint8_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const double v37 = dy[v35 * st_dy_0 + i36];
+                const double v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f64_u8_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f64_u8_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_f64_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -12279,7 +23485,7 @@ static size_t k_embedding_backward__i2_dtable2_f64_u16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -12401,6 +23607,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16(const opgen_buf_t
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    (void)i1;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint16_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint16_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const double v37 = dy[v35 * st_dy_0 + i36];
+                const double v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f64_u16_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f64_u16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_f64_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -12417,7 +23749,7 @@ static size_t k_embedding_backward__i2_dtable2_f64_u32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -12539,6 +23871,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32(const opgen_buf_t
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    (void)i1;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint32_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const double v37 = dy[v35 * st_dy_0 + i36];
+                const double v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f64_u32_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f64_u32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_backward__i2_dtable2_f64_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -12555,7 +24013,7 @@ static size_t k_embedding_backward__i2_dtable2_f64_u64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_backward__i2_dtable2_f64_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const double *restrict dy = (const double *)bufs[0].data;
     const int64_t st_dy_0 = bufs[0].st[0];
     (void)dy; (void)st_dy_0;
@@ -12675,6 +24133,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u64(const opgen_buf_t
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_u64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    (void)i1;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    (void)i2;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t46 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N2 + 1));
+    int64_t *restrict t47 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l30_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l53_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_N1;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint64_t v6 = i1[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N2;
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        const uint64_t v16 = i2[i15];
+        const int64_t v17 = (int64_t)(v16);
+        const bool v18 = v17 >= v12;
+        const bool v19 = v17 < v14;
+        const bool v20 = v18 && v19;
+        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t11[i15] = v17;
+    }
+    const int64_t v21 = 0ll;
+    const int64_t v22 = d_N1;
+    opgen_segments(t1, d_N, v22, t23, t24);
+    const int64_t v25 = 1ll;
+    const int64_t v26 = d_D;
+    const double v27 = (double)(alpha1);
+    const double v28 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i29 = v21; i29 < v22; i29++) {
+        double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l30, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v31 = t23[i29];
+        const int64_t v32 = i29 + v25;
+        const int64_t v33 = t23[v32];
+        for (int64_t i34 = v31; i34 < v33; i34++) {
+            const int64_t v35 = t24[i34];
+            for (int64_t i36 = v21; i36 < v26; i36++) {
+                const double v37 = dy[v35 * st_dy_0 + i36];
+                const double v38 = v37 * v27;
+                l30[i36] += v38;
+            }
+        }
+        for (int64_t i39 = v21; i39 < v26; i39++) {
+            const double v40 = dtable1[i29 * st_dtable1_0 + i39];
+            const double v41 = dtable1_acc ? v40 : v28;
+            const double v42 = l30[i39];
+            const double v43 = v41 + v42;
+            dtable1[i29 * st_dtable1_0 + i39] = v43;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_N2;
+    opgen_segments(t11, d_N, v45, t46, t47);
+    const int64_t v48 = 1ll;
+    const int64_t v49 = d_D;
+    const double v50 = (double)(alpha2);
+    const double v51 = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = v44; i52 < v45; i52++) {
+        double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l53, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v54 = t46[i52];
+        const int64_t v55 = i52 + v48;
+        const int64_t v56 = t46[v55];
+        for (int64_t i57 = v54; i57 < v56; i57++) {
+            const int64_t v58 = t47[i57];
+            for (int64_t i59 = v44; i59 < v49; i59++) {
+                const double v60 = dy[v58 * st_dy_0 + i59];
+                const double v61 = v60 * v50;
+                l53[i59] += v61;
+            }
+        }
+        for (int64_t i62 = v44; i62 < v49; i62++) {
+            const double v63 = dtable2[i52 * st_dtable2_0 + i62];
+            const double v64 = dtable2_acc ? v63 : v51;
+            const double v65 = l53[i62];
+            const double v66 = v64 + v65;
+            dtable2[i52 * st_dtable2_0 + i62] = v66;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_u64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[1].st[0] == 1 || dims[0] <= 1) && (bufs[2].st[0] == 1 || dims[0] <= 1)) return k_embedding_backward__i2_dtable2_f64_u64_u(bufs, dims, sc, ws);
+    return k_embedding_backward__i2_dtable2_f64_u64_g(bufs, dims, sc, ws);
 }
 
 static const opgen_param_t P_embedding_backward[] = {

@@ -16,7 +16,7 @@ static size_t k_embedding_bw_u32_f16_bf16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_u32_f16_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f16_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -79,6 +79,73 @@ static opgen_status_t k_embedding_bw_u32_f16_bf16(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_u32_f16_bf16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    (void)indices;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24]);
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = opgen_f32_to_bf16(v27);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_u32_f16_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_u32_f16_bf16_u(bufs, dims, sc, ws);
+    return k_embedding_bw_u32_f16_bf16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_u32_f16_f32_ws(const int64_t *dims) {
@@ -92,7 +159,7 @@ static size_t k_embedding_bw_u32_f16_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_u32_f16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -155,6 +222,73 @@ static opgen_status_t k_embedding_bw_u32_f16_f32(const opgen_buf_t *bufs, const 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_u32_f16_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    (void)indices;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = grad[v23 * st_grad_0 + i24];
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = v27;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_u32_f16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_u32_f16_f32_u(bufs, dims, sc, ws);
+    return k_embedding_bw_u32_f16_f32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_u32_bf16_bf16_ws(const int64_t *dims) {
@@ -168,7 +302,7 @@ static size_t k_embedding_bw_u32_bf16_bf16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_u32_bf16_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_bf16_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -231,6 +365,73 @@ static opgen_status_t k_embedding_bw_u32_bf16_bf16(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_u32_bf16_bf16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    (void)indices;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24]);
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = opgen_f32_to_bf16(v27);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_u32_bf16_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_u32_bf16_bf16_u(bufs, dims, sc, ws);
+    return k_embedding_bw_u32_bf16_bf16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_u32_bf16_f32_ws(const int64_t *dims) {
@@ -244,7 +445,7 @@ static size_t k_embedding_bw_u32_bf16_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_u32_bf16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_bf16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -307,6 +508,73 @@ static opgen_status_t k_embedding_bw_u32_bf16_f32(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_u32_bf16_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    (void)indices;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = grad[v23 * st_grad_0 + i24];
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = v27;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_u32_bf16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_u32_bf16_f32_u(bufs, dims, sc, ws);
+    return k_embedding_bw_u32_bf16_f32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_u32_f32_bf16_ws(const int64_t *dims) {
@@ -320,7 +588,7 @@ static size_t k_embedding_bw_u32_f32_bf16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_u32_f32_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f32_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -383,6 +651,73 @@ static opgen_status_t k_embedding_bw_u32_f32_bf16(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_u32_f32_bf16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    (void)indices;
+    const float *restrict weight = (const float *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24]);
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = opgen_f32_to_bf16(v27);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_u32_f32_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_u32_f32_bf16_u(bufs, dims, sc, ws);
+    return k_embedding_bw_u32_f32_bf16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_u32_f32_f32_ws(const int64_t *dims) {
@@ -396,7 +731,7 @@ static size_t k_embedding_bw_u32_f32_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_u32_f32_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f32_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -459,6 +794,73 @@ static opgen_status_t k_embedding_bw_u32_f32_f32(const opgen_buf_t *bufs, const 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_u32_f32_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    (void)indices;
+    const float *restrict weight = (const float *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = grad[v23 * st_grad_0 + i24];
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = v27;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_u32_f32_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_u32_f32_f32_u(bufs, dims, sc, ws);
+    return k_embedding_bw_u32_f32_f32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_u32_f64_bf16_ws(const int64_t *dims) {
@@ -472,7 +874,7 @@ static size_t k_embedding_bw_u32_f64_bf16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_u32_f64_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f64_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -535,6 +937,73 @@ static opgen_status_t k_embedding_bw_u32_f64_bf16(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_u32_f64_bf16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    (void)indices;
+    const double *restrict weight = (const double *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24]);
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = opgen_f32_to_bf16(v27);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_u32_f64_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_u32_f64_bf16_u(bufs, dims, sc, ws);
+    return k_embedding_bw_u32_f64_bf16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_u32_f64_f32_ws(const int64_t *dims) {
@@ -548,7 +1017,7 @@ static size_t k_embedding_bw_u32_f64_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_u32_f64_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f64_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -613,6 +1082,73 @@ static opgen_status_t k_embedding_bw_u32_f64_f32(const opgen_buf_t *bufs, const 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_bw_u32_f64_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    (void)indices;
+    const double *restrict weight = (const double *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = grad[v23 * st_grad_0 + i24];
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = v27;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_u32_f64_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_u32_f64_f32_u(bufs, dims, sc, ws);
+    return k_embedding_bw_u32_f64_f32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_bw_i32_f16_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -624,7 +1160,7 @@ static size_t k_embedding_bw_i32_f16_bf16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i32_f16_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f16_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int32_t *restrict indices = (const int32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -687,6 +1223,73 @@ static opgen_status_t k_embedding_bw_i32_f16_bf16(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i32_f16_bf16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    (void)indices;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24]);
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = opgen_f32_to_bf16(v27);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i32_f16_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i32_f16_bf16_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i32_f16_bf16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_i32_f16_f32_ws(const int64_t *dims) {
@@ -700,7 +1303,7 @@ static size_t k_embedding_bw_i32_f16_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i32_f16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int32_t *restrict indices = (const int32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -763,6 +1366,73 @@ static opgen_status_t k_embedding_bw_i32_f16_f32(const opgen_buf_t *bufs, const 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i32_f16_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    (void)indices;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = grad[v23 * st_grad_0 + i24];
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = v27;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i32_f16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i32_f16_f32_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i32_f16_f32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_i32_bf16_bf16_ws(const int64_t *dims) {
@@ -776,7 +1446,7 @@ static size_t k_embedding_bw_i32_bf16_bf16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i32_bf16_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_bf16_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int32_t *restrict indices = (const int32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -839,6 +1509,73 @@ static opgen_status_t k_embedding_bw_i32_bf16_bf16(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i32_bf16_bf16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    (void)indices;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24]);
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = opgen_f32_to_bf16(v27);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i32_bf16_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i32_bf16_bf16_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i32_bf16_bf16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_i32_bf16_f32_ws(const int64_t *dims) {
@@ -852,7 +1589,7 @@ static size_t k_embedding_bw_i32_bf16_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i32_bf16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_bf16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int32_t *restrict indices = (const int32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -915,6 +1652,73 @@ static opgen_status_t k_embedding_bw_i32_bf16_f32(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i32_bf16_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    (void)indices;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = grad[v23 * st_grad_0 + i24];
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = v27;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i32_bf16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i32_bf16_f32_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i32_bf16_f32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_i32_f32_bf16_ws(const int64_t *dims) {
@@ -928,7 +1732,7 @@ static size_t k_embedding_bw_i32_f32_bf16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i32_f32_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f32_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int32_t *restrict indices = (const int32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -991,6 +1795,73 @@ static opgen_status_t k_embedding_bw_i32_f32_bf16(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i32_f32_bf16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    (void)indices;
+    const float *restrict weight = (const float *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24]);
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = opgen_f32_to_bf16(v27);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i32_f32_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i32_f32_bf16_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i32_f32_bf16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_i32_f32_f32_ws(const int64_t *dims) {
@@ -1004,7 +1875,7 @@ static size_t k_embedding_bw_i32_f32_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i32_f32_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f32_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int32_t *restrict indices = (const int32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -1067,6 +1938,73 @@ static opgen_status_t k_embedding_bw_i32_f32_f32(const opgen_buf_t *bufs, const 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i32_f32_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    (void)indices;
+    const float *restrict weight = (const float *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = grad[v23 * st_grad_0 + i24];
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = v27;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i32_f32_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i32_f32_f32_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i32_f32_f32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_i32_f64_bf16_ws(const int64_t *dims) {
@@ -1080,7 +2018,7 @@ static size_t k_embedding_bw_i32_f64_bf16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i32_f64_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f64_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int32_t *restrict indices = (const int32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -1143,6 +2081,73 @@ static opgen_status_t k_embedding_bw_i32_f64_bf16(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i32_f64_bf16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    (void)indices;
+    const double *restrict weight = (const double *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24]);
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = opgen_f32_to_bf16(v27);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i32_f64_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i32_f64_bf16_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i32_f64_bf16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_i32_f64_f32_ws(const int64_t *dims) {
@@ -1156,7 +2161,7 @@ static size_t k_embedding_bw_i32_f64_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i32_f64_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f64_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int32_t *restrict indices = (const int32_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -1221,6 +2226,73 @@ static opgen_status_t k_embedding_bw_i32_f64_f32(const opgen_buf_t *bufs, const 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_bw_i32_f64_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    (void)indices;
+    const double *restrict weight = (const double *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = indices[i5];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = grad[v23 * st_grad_0 + i24];
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = v27;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i32_f64_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i32_f64_f32_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i32_f64_f32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_bw_i64_f16_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -1232,7 +2304,7 @@ static size_t k_embedding_bw_i64_f16_bf16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i64_f16_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f16_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int64_t *restrict indices = (const int64_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -1295,6 +2367,73 @@ static opgen_status_t k_embedding_bw_i64_f16_bf16(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i64_f16_bf16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    (void)indices;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = indices[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24]);
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = opgen_f32_to_bf16(v27);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i64_f16_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i64_f16_bf16_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i64_f16_bf16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_i64_f16_f32_ws(const int64_t *dims) {
@@ -1308,7 +2447,7 @@ static size_t k_embedding_bw_i64_f16_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i64_f16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int64_t *restrict indices = (const int64_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -1371,6 +2510,73 @@ static opgen_status_t k_embedding_bw_i64_f16_f32(const opgen_buf_t *bufs, const 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i64_f16_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    (void)indices;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = indices[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = grad[v23 * st_grad_0 + i24];
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = v27;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i64_f16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i64_f16_f32_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i64_f16_f32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_i64_bf16_bf16_ws(const int64_t *dims) {
@@ -1384,7 +2590,7 @@ static size_t k_embedding_bw_i64_bf16_bf16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i64_bf16_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_bf16_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int64_t *restrict indices = (const int64_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -1447,6 +2653,73 @@ static opgen_status_t k_embedding_bw_i64_bf16_bf16(const opgen_buf_t *bufs, cons
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i64_bf16_bf16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    (void)indices;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = indices[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24]);
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = opgen_f32_to_bf16(v27);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i64_bf16_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i64_bf16_bf16_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i64_bf16_bf16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_i64_bf16_f32_ws(const int64_t *dims) {
@@ -1460,7 +2733,7 @@ static size_t k_embedding_bw_i64_bf16_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i64_bf16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_bf16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int64_t *restrict indices = (const int64_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -1525,6 +2798,73 @@ static opgen_status_t k_embedding_bw_i64_bf16_f32(const opgen_buf_t *bufs, const
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_bw_i64_bf16_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    (void)indices;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = indices[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = grad[v23 * st_grad_0 + i24];
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = v27;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i64_bf16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i64_bf16_f32_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i64_bf16_f32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_bw_i64_f32_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -1536,7 +2876,7 @@ static size_t k_embedding_bw_i64_f32_bf16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i64_f32_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f32_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int64_t *restrict indices = (const int64_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -1599,6 +2939,73 @@ static opgen_status_t k_embedding_bw_i64_f32_bf16(const opgen_buf_t *bufs, const
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i64_f32_bf16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    (void)indices;
+    const float *restrict weight = (const float *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = indices[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24]);
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = opgen_f32_to_bf16(v27);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i64_f32_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i64_f32_bf16_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i64_f32_bf16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_bw_i64_f32_f32_ws(const int64_t *dims) {
@@ -1612,7 +3019,7 @@ static size_t k_embedding_bw_i64_f32_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i64_f32_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f32_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int64_t *restrict indices = (const int64_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -1677,6 +3084,73 @@ static opgen_status_t k_embedding_bw_i64_f32_f32(const opgen_buf_t *bufs, const 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_bw_i64_f32_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    (void)indices;
+    const float *restrict weight = (const float *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = indices[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = grad[v23 * st_grad_0 + i24];
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = v27;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i64_f32_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i64_f32_f32_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i64_f32_f32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_bw_i64_f64_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -1688,7 +3162,7 @@ static size_t k_embedding_bw_i64_f64_bf16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i64_f64_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f64_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int64_t *restrict indices = (const int64_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -1753,6 +3227,73 @@ static opgen_status_t k_embedding_bw_i64_f64_bf16(const opgen_buf_t *bufs, const
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_bw_i64_f64_bf16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    (void)indices;
+    const double *restrict weight = (const double *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = indices[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = opgen_bf16_to_f32(grad[v23 * st_grad_0 + i24]);
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = opgen_f32_to_bf16(v27);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i64_f64_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i64_f64_bf16_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i64_f64_bf16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_bw_i64_f64_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -1764,7 +3305,7 @@ static size_t k_embedding_bw_i64_f64_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_bw_i64_f64_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f64_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const int64_t *restrict indices = (const int64_t *)bufs[0].data;
     const int64_t st_indices_0 = bufs[0].st[0];
     (void)indices; (void)st_indices_0;
@@ -1827,6 +3368,73 @@ static opgen_status_t k_embedding_bw_i64_f64_f32(const opgen_buf_t *bufs, const 
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i64_f64_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    (void)indices;
+    const double *restrict weight = (const double *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    (void)weight; (void)st_weight_0;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    (void)grad; (void)st_grad_0;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l18_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = indices[i5];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v11 = 0ll;
+    const int64_t v12 = d_V;
+    opgen_segments(t1, d_N, v12, t13, t14);
+    const int64_t v15 = 1ll;
+    const int64_t v16 = d_D;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v11; i17 < v12; i17++) {
+        float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l18, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v19 = t13[i17];
+        const int64_t v20 = i17 + v15;
+        const int64_t v21 = t13[v20];
+        for (int64_t i22 = v19; i22 < v21; i22++) {
+            const int64_t v23 = t14[i22];
+            for (int64_t i24 = v11; i24 < v16; i24++) {
+                const float v25 = grad[v23 * st_grad_0 + i24];
+                l18[i24] += v25;
+            }
+        }
+        for (int64_t i26 = v11; i26 < v16; i26++) {
+            const float v27 = l18[i26];
+            out[i17 * st_out_0 + i26] = v27;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_bw_i64_f64_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[2] <= 1) && (bufs[2].st[1] == 1 || dims[2] <= 1) && (bufs[3].st[1] == 1 || dims[2] <= 1)) return k_embedding_bw_i64_f64_f32_u(bufs, dims, sc, ws);
+    return k_embedding_bw_i64_f64_f32_g(bufs, dims, sc, ws);
 }
 
 static const opgen_param_t P_embedding_bw[] = {

@@ -17,7 +17,7 @@ static size_t k_embedding_dense_backward_f32_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f32_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -48,7 +48,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f32(const opgen_buf_t *bufs
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const float v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const float v6 = indices[ro_indices[i5]];
         const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -85,7 +85,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f32(const opgen_buf_t *bufs
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const float v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const float v35 = indices[ro_indices[v34]];
             const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -94,7 +94,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f32(const opgen_buf_t *bufs
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v44 = grad[ro_grad[v34] + i43 * st_grad_1];
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -109,6 +109,103 @@ static opgen_status_t k_embedding_dense_backward_f32_f32(const opgen_buf_t *bufs
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const float *restrict indices = (const float *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const float v6 = indices[ro_indices[i5]];
+        const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const float v35 = indices[ro_indices[v34]];
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[ro_grad[v34] + i43];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = v50;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f32_f32_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f32_f32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_dense_backward_f32_f16_ws(const int64_t *dims) {
@@ -123,7 +220,7 @@ static size_t k_embedding_dense_backward_f32_f16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f32_f16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_f16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -154,7 +251,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f16(const opgen_buf_t *bufs
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const float v6 = opgen_f16_to_f32(indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)]);
+        const float v6 = opgen_f16_to_f32(indices[ro_indices[i5]]);
         const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -191,7 +288,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f16(const opgen_buf_t *bufs
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const float v35 = opgen_f16_to_f32(indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)]);
+            const float v35 = opgen_f16_to_f32(indices[ro_indices[v34]]);
             const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -200,7 +297,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f16(const opgen_buf_t *bufs
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v44 = grad[ro_grad[v34] + i43 * st_grad_1];
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -215,6 +312,103 @@ static opgen_status_t k_embedding_dense_backward_f32_f16(const opgen_buf_t *bufs
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_f16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const uint16_t *restrict indices = (const uint16_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const float v6 = opgen_f16_to_f32(indices[ro_indices[i5]]);
+        const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const float v35 = opgen_f16_to_f32(indices[ro_indices[v34]]);
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[ro_grad[v34] + i43];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = v50;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_f16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f32_f16_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f32_f16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_dense_backward_f32_f64_ws(const int64_t *dims) {
@@ -229,7 +423,7 @@ static size_t k_embedding_dense_backward_f32_f64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f32_f64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_f64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -260,7 +454,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f64(const opgen_buf_t *bufs
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const double v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const double v6 = indices[ro_indices[i5]];
         const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -297,7 +491,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f64(const opgen_buf_t *bufs
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const double v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const double v35 = indices[ro_indices[v34]];
             const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -306,7 +500,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f64(const opgen_buf_t *bufs
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v44 = grad[ro_grad[v34] + i43 * st_grad_1];
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -321,6 +515,103 @@ static opgen_status_t k_embedding_dense_backward_f32_f64(const opgen_buf_t *bufs
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_f64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const double *restrict indices = (const double *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const double v6 = indices[ro_indices[i5]];
+        const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const double v35 = indices[ro_indices[v34]];
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[ro_grad[v34] + i43];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = v50;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_f64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f32_f64_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f32_f64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_dense_backward_f32_i32_ws(const int64_t *dims) {
@@ -335,7 +626,7 @@ static size_t k_embedding_dense_backward_f32_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f32_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -366,7 +657,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i32(const opgen_buf_t *bufs
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const int32_t v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const int32_t v6 = indices[ro_indices[i5]];
         const int64_t v7 = (int64_t)(v6);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -403,7 +694,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i32(const opgen_buf_t *bufs
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const int32_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int32_t v35 = indices[ro_indices[v34]];
             const int64_t v36 = (int64_t)(v35);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -412,7 +703,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i32(const opgen_buf_t *bufs
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v44 = grad[ro_grad[v34] + i43 * st_grad_1];
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -427,6 +718,103 @@ static opgen_status_t k_embedding_dense_backward_f32_i32(const opgen_buf_t *bufs
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const int32_t *restrict indices = (const int32_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = indices[ro_indices[i5]];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int32_t v35 = indices[ro_indices[v34]];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[ro_grad[v34] + i43];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = v50;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f32_i32_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f32_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_dense_backward_f32_i64_ws(const int64_t *dims) {
@@ -441,7 +829,7 @@ static size_t k_embedding_dense_backward_f32_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f32_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -472,7 +860,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i64(const opgen_buf_t *bufs
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const int64_t v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const int64_t v6 = indices[ro_indices[i5]];
         const int64_t v7 = v6;
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -509,7 +897,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i64(const opgen_buf_t *bufs
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const int64_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v35 = indices[ro_indices[v34]];
             const int64_t v36 = v35;
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -518,7 +906,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i64(const opgen_buf_t *bufs
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v44 = grad[ro_grad[v34] + i43 * st_grad_1];
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -533,6 +921,103 @@ static opgen_status_t k_embedding_dense_backward_f32_i64(const opgen_buf_t *bufs
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const int64_t *restrict indices = (const int64_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = indices[ro_indices[i5]];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int64_t v35 = indices[ro_indices[v34]];
+            const int64_t v36 = v35;
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[ro_grad[v34] + i43];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = v50;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f32_i64_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f32_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_dense_backward_f32_i16_ws(const int64_t *dims) {
@@ -547,7 +1032,7 @@ static size_t k_embedding_dense_backward_f32_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f32_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -578,7 +1063,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i16(const opgen_buf_t *bufs
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const int16_t v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const int16_t v6 = indices[ro_indices[i5]];
         const int64_t v7 = (int64_t)(v6);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -615,7 +1100,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i16(const opgen_buf_t *bufs
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const int16_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int16_t v35 = indices[ro_indices[v34]];
             const int64_t v36 = (int64_t)(v35);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -624,7 +1109,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i16(const opgen_buf_t *bufs
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v44 = grad[ro_grad[v34] + i43 * st_grad_1];
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -639,6 +1124,103 @@ static opgen_status_t k_embedding_dense_backward_f32_i16(const opgen_buf_t *bufs
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const int16_t *restrict indices = (const int16_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int16_t v6 = indices[ro_indices[i5]];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int16_t v35 = indices[ro_indices[v34]];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[ro_grad[v34] + i43];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = v50;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f32_i16_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f32_i16_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_dense_backward_f32_i8_ws(const int64_t *dims) {
@@ -653,7 +1235,7 @@ static size_t k_embedding_dense_backward_f32_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f32_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -684,7 +1266,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i8(const opgen_buf_t *bufs,
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const int8_t v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const int8_t v6 = indices[ro_indices[i5]];
         const int64_t v7 = (int64_t)(v6);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -721,7 +1303,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i8(const opgen_buf_t *bufs,
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const int8_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int8_t v35 = indices[ro_indices[v34]];
             const int64_t v36 = (int64_t)(v35);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -730,7 +1312,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i8(const opgen_buf_t *bufs,
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v44 = grad[ro_grad[v34] + i43 * st_grad_1];
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -745,6 +1327,103 @@ static opgen_status_t k_embedding_dense_backward_f32_i8(const opgen_buf_t *bufs,
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const int8_t *restrict indices = (const int8_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int8_t v6 = indices[ro_indices[i5]];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int8_t v35 = indices[ro_indices[v34]];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[ro_grad[v34] + i43];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = v50;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f32_i8_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f32_i8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_dense_backward_f32_u8_ws(const int64_t *dims) {
@@ -759,7 +1438,7 @@ static size_t k_embedding_dense_backward_f32_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f32_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -790,7 +1469,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u8(const opgen_buf_t *bufs,
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const uint8_t v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const uint8_t v6 = indices[ro_indices[i5]];
         const int64_t v7 = (int64_t)(v6);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -827,7 +1506,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u8(const opgen_buf_t *bufs,
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const uint8_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const uint8_t v35 = indices[ro_indices[v34]];
             const int64_t v36 = (int64_t)(v35);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -836,7 +1515,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u8(const opgen_buf_t *bufs,
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v44 = grad[ro_grad[v34] + i43 * st_grad_1];
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -851,6 +1530,103 @@ static opgen_status_t k_embedding_dense_backward_f32_u8(const opgen_buf_t *bufs,
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const uint8_t *restrict indices = (const uint8_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint8_t v6 = indices[ro_indices[i5]];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const uint8_t v35 = indices[ro_indices[v34]];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[ro_grad[v34] + i43];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = v50;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f32_u8_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f32_u8_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_dense_backward_f32_bool_ws(const int64_t *dims) {
@@ -865,7 +1641,7 @@ static size_t k_embedding_dense_backward_f32_bool_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f32_bool(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_bool_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -896,7 +1672,7 @@ static opgen_status_t k_embedding_dense_backward_f32_bool(const opgen_buf_t *buf
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const bool v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const bool v6 = indices[ro_indices[i5]];
         const int64_t v7 = (int64_t)(v6);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -933,7 +1709,7 @@ static opgen_status_t k_embedding_dense_backward_f32_bool(const opgen_buf_t *buf
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const bool v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const bool v35 = indices[ro_indices[v34]];
             const int64_t v36 = (int64_t)(v35);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -942,7 +1718,7 @@ static opgen_status_t k_embedding_dense_backward_f32_bool(const opgen_buf_t *buf
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1];
+                const float v44 = grad[ro_grad[v34] + i43 * st_grad_1];
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -959,6 +1735,103 @@ static opgen_status_t k_embedding_dense_backward_f32_bool(const opgen_buf_t *buf
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_f32_bool_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const bool *restrict indices = (const bool *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const bool v6 = indices[ro_indices[i5]];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const bool v35 = indices[ro_indices[v34]];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = grad[ro_grad[v34] + i43];
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = v50;
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f32_bool(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f32_bool_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f32_bool_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_f16_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -971,7 +1844,7 @@ static size_t k_embedding_dense_backward_f16_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -1002,7 +1875,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f32(const opgen_buf_t *bufs
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const float v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const float v6 = indices[ro_indices[i5]];
         const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -1039,7 +1912,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f32(const opgen_buf_t *bufs
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const float v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const float v35 = indices[ro_indices[v34]];
             const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -1048,7 +1921,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f32(const opgen_buf_t *bufs
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -1063,6 +1936,103 @@ static opgen_status_t k_embedding_dense_backward_f16_f32(const opgen_buf_t *bufs
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f16_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const float *restrict indices = (const float *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const float v6 = indices[ro_indices[i5]];
+        const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const float v35 = indices[ro_indices[v34]];
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_f16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f16_f32_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f16_f32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_embedding_dense_backward_f16_f16_ws(const int64_t *dims) {
@@ -1077,7 +2047,7 @@ static size_t k_embedding_dense_backward_f16_f16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f16_f16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_f16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -1108,7 +2078,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f16(const opgen_buf_t *bufs
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const float v6 = opgen_f16_to_f32(indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)]);
+        const float v6 = opgen_f16_to_f32(indices[ro_indices[i5]]);
         const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -1145,7 +2115,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f16(const opgen_buf_t *bufs
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const float v35 = opgen_f16_to_f32(indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)]);
+            const float v35 = opgen_f16_to_f32(indices[ro_indices[v34]]);
             const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -1154,7 +2124,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f16(const opgen_buf_t *bufs
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -1171,6 +2141,103 @@ static opgen_status_t k_embedding_dense_backward_f16_f16(const opgen_buf_t *bufs
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_f16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const uint16_t *restrict indices = (const uint16_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const float v6 = opgen_f16_to_f32(indices[ro_indices[i5]]);
+        const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const float v35 = opgen_f16_to_f32(indices[ro_indices[v34]]);
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_f16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f16_f16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f16_f16_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f16_f16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_f16_f64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1183,7 +2250,7 @@ static size_t k_embedding_dense_backward_f16_f64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f16_f64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_f64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -1214,7 +2281,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f64(const opgen_buf_t *bufs
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const double v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const double v6 = indices[ro_indices[i5]];
         const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -1251,7 +2318,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f64(const opgen_buf_t *bufs
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const double v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const double v35 = indices[ro_indices[v34]];
             const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -1260,7 +2327,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f64(const opgen_buf_t *bufs
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -1277,6 +2344,103 @@ static opgen_status_t k_embedding_dense_backward_f16_f64(const opgen_buf_t *bufs
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_f64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const double *restrict indices = (const double *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const double v6 = indices[ro_indices[i5]];
+        const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const double v35 = indices[ro_indices[v34]];
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_f16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f16_f64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f16_f64_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f16_f64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_f16_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1289,7 +2453,7 @@ static size_t k_embedding_dense_backward_f16_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -1320,7 +2484,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i32(const opgen_buf_t *bufs
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const int32_t v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const int32_t v6 = indices[ro_indices[i5]];
         const int64_t v7 = (int64_t)(v6);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -1357,7 +2521,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i32(const opgen_buf_t *bufs
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const int32_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int32_t v35 = indices[ro_indices[v34]];
             const int64_t v36 = (int64_t)(v35);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -1366,7 +2530,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i32(const opgen_buf_t *bufs
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -1383,6 +2547,103 @@ static opgen_status_t k_embedding_dense_backward_f16_i32(const opgen_buf_t *bufs
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const int32_t *restrict indices = (const int32_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = indices[ro_indices[i5]];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int32_t v35 = indices[ro_indices[v34]];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_f16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f16_i32_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f16_i32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_f16_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1395,7 +2656,7 @@ static size_t k_embedding_dense_backward_f16_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -1426,7 +2687,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i64(const opgen_buf_t *bufs
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const int64_t v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const int64_t v6 = indices[ro_indices[i5]];
         const int64_t v7 = v6;
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -1463,7 +2724,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i64(const opgen_buf_t *bufs
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const int64_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v35 = indices[ro_indices[v34]];
             const int64_t v36 = v35;
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -1472,7 +2733,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i64(const opgen_buf_t *bufs
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -1489,6 +2750,103 @@ static opgen_status_t k_embedding_dense_backward_f16_i64(const opgen_buf_t *bufs
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const int64_t *restrict indices = (const int64_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = indices[ro_indices[i5]];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int64_t v35 = indices[ro_indices[v34]];
+            const int64_t v36 = v35;
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_f16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f16_i64_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f16_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_f16_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1501,7 +2859,7 @@ static size_t k_embedding_dense_backward_f16_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -1532,7 +2890,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i16(const opgen_buf_t *bufs
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const int16_t v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const int16_t v6 = indices[ro_indices[i5]];
         const int64_t v7 = (int64_t)(v6);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -1569,7 +2927,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i16(const opgen_buf_t *bufs
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const int16_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int16_t v35 = indices[ro_indices[v34]];
             const int64_t v36 = (int64_t)(v35);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -1578,7 +2936,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i16(const opgen_buf_t *bufs
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -1595,6 +2953,103 @@ static opgen_status_t k_embedding_dense_backward_f16_i16(const opgen_buf_t *bufs
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const int16_t *restrict indices = (const int16_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int16_t v6 = indices[ro_indices[i5]];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int16_t v35 = indices[ro_indices[v34]];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_f16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f16_i16_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f16_i16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_f16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1607,7 +3062,7 @@ static size_t k_embedding_dense_backward_f16_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -1638,7 +3093,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i8(const opgen_buf_t *bufs,
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const int8_t v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const int8_t v6 = indices[ro_indices[i5]];
         const int64_t v7 = (int64_t)(v6);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -1675,7 +3130,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i8(const opgen_buf_t *bufs,
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const int8_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int8_t v35 = indices[ro_indices[v34]];
             const int64_t v36 = (int64_t)(v35);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -1684,7 +3139,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i8(const opgen_buf_t *bufs,
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -1701,6 +3156,103 @@ static opgen_status_t k_embedding_dense_backward_f16_i8(const opgen_buf_t *bufs,
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const int8_t *restrict indices = (const int8_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int8_t v6 = indices[ro_indices[i5]];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int8_t v35 = indices[ro_indices[v34]];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_f16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f16_i8_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f16_i8_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_f16_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1713,7 +3265,7 @@ static size_t k_embedding_dense_backward_f16_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -1744,7 +3296,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u8(const opgen_buf_t *bufs,
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const uint8_t v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const uint8_t v6 = indices[ro_indices[i5]];
         const int64_t v7 = (int64_t)(v6);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -1781,7 +3333,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u8(const opgen_buf_t *bufs,
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const uint8_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const uint8_t v35 = indices[ro_indices[v34]];
             const int64_t v36 = (int64_t)(v35);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -1790,7 +3342,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u8(const opgen_buf_t *bufs,
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -1807,6 +3359,103 @@ static opgen_status_t k_embedding_dense_backward_f16_u8(const opgen_buf_t *bufs,
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const uint8_t *restrict indices = (const uint8_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint8_t v6 = indices[ro_indices[i5]];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const uint8_t v35 = indices[ro_indices[v34]];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_f16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f16_u8_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f16_u8_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_f16_bool_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1819,7 +3468,7 @@ static size_t k_embedding_dense_backward_f16_bool_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_f16_bool(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_bool_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -1850,7 +3499,7 @@ static opgen_status_t k_embedding_dense_backward_f16_bool(const opgen_buf_t *buf
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const bool v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const bool v6 = indices[ro_indices[i5]];
         const int64_t v7 = (int64_t)(v6);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -1887,7 +3536,7 @@ static opgen_status_t k_embedding_dense_backward_f16_bool(const opgen_buf_t *buf
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const bool v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const bool v35 = indices[ro_indices[v34]];
             const int64_t v36 = (int64_t)(v35);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -1896,7 +3545,7 @@ static opgen_status_t k_embedding_dense_backward_f16_bool(const opgen_buf_t *buf
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_f16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -1913,6 +3562,103 @@ static opgen_status_t k_embedding_dense_backward_f16_bool(const opgen_buf_t *buf
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_bool_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const bool *restrict indices = (const bool *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const bool v6 = indices[ro_indices[i5]];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const bool v35 = indices[ro_indices[v34]];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_f16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_f16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_f16_bool(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_f16_bool_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_f16_bool_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_bf16_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1925,7 +3671,7 @@ static size_t k_embedding_dense_backward_bf16_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_bf16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -1956,7 +3702,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32(const opgen_buf_t *buf
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const float v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const float v6 = indices[ro_indices[i5]];
         const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -1993,7 +3739,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32(const opgen_buf_t *buf
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const float v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const float v35 = indices[ro_indices[v34]];
             const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -2002,7 +3748,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32(const opgen_buf_t *buf
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -2019,6 +3765,103 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32(const opgen_buf_t *buf
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const float *restrict indices = (const float *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const float v6 = indices[ro_indices[i5]];
+        const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const float v35 = indices[ro_indices[v34]];
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_bf16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_bf16_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_bf16_f32_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_bf16_f32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_bf16_f16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2031,7 +3874,7 @@ static size_t k_embedding_dense_backward_bf16_f16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_bf16_f16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_f16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -2062,7 +3905,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16(const opgen_buf_t *buf
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const float v6 = opgen_f16_to_f32(indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)]);
+        const float v6 = opgen_f16_to_f32(indices[ro_indices[i5]]);
         const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -2099,7 +3942,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16(const opgen_buf_t *buf
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const float v35 = opgen_f16_to_f32(indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)]);
+            const float v35 = opgen_f16_to_f32(indices[ro_indices[v34]]);
             const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -2108,7 +3951,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16(const opgen_buf_t *buf
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -2125,6 +3968,103 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16(const opgen_buf_t *buf
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_f16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const uint16_t *restrict indices = (const uint16_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const float v6 = opgen_f16_to_f32(indices[ro_indices[i5]]);
+        const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const float v35 = opgen_f16_to_f32(indices[ro_indices[v34]]);
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_bf16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_bf16_f16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_bf16_f16_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_bf16_f16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_bf16_f64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2137,7 +4077,7 @@ static size_t k_embedding_dense_backward_bf16_f64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_bf16_f64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_f64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -2168,7 +4108,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64(const opgen_buf_t *buf
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const double v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const double v6 = indices[ro_indices[i5]];
         const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -2205,7 +4145,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64(const opgen_buf_t *buf
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const double v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const double v35 = indices[ro_indices[v34]];
             const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -2214,7 +4154,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64(const opgen_buf_t *buf
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -2231,6 +4171,103 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64(const opgen_buf_t *buf
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_f64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const double *restrict indices = (const double *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const double v6 = indices[ro_indices[i5]];
+        const int64_t v7 = OPGEN_F2I(int64_t, v6, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const double v35 = indices[ro_indices[v34]];
+            const int64_t v36 = OPGEN_F2I(int64_t, v35, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_bf16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_bf16_f64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_bf16_f64_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_bf16_f64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_bf16_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2243,7 +4280,7 @@ static size_t k_embedding_dense_backward_bf16_i32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_bf16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -2274,7 +4311,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32(const opgen_buf_t *buf
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const int32_t v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const int32_t v6 = indices[ro_indices[i5]];
         const int64_t v7 = (int64_t)(v6);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -2311,7 +4348,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32(const opgen_buf_t *buf
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const int32_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int32_t v35 = indices[ro_indices[v34]];
             const int64_t v36 = (int64_t)(v35);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -2320,7 +4357,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32(const opgen_buf_t *buf
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -2337,6 +4374,103 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32(const opgen_buf_t *buf
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const int32_t *restrict indices = (const int32_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int32_t v6 = indices[ro_indices[i5]];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int32_t v35 = indices[ro_indices[v34]];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_bf16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_bf16_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_bf16_i32_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_bf16_i32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_bf16_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2349,7 +4483,7 @@ static size_t k_embedding_dense_backward_bf16_i64_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_bf16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -2380,7 +4514,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64(const opgen_buf_t *buf
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const int64_t v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const int64_t v6 = indices[ro_indices[i5]];
         const int64_t v7 = v6;
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -2417,7 +4551,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64(const opgen_buf_t *buf
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const int64_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int64_t v35 = indices[ro_indices[v34]];
             const int64_t v36 = v35;
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -2426,7 +4560,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64(const opgen_buf_t *buf
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -2443,6 +4577,103 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64(const opgen_buf_t *buf
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const int64_t *restrict indices = (const int64_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int64_t v6 = indices[ro_indices[i5]];
+        const int64_t v7 = v6;
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int64_t v35 = indices[ro_indices[v34]];
+            const int64_t v36 = v35;
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_bf16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_bf16_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_bf16_i64_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_bf16_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_bf16_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2455,7 +4686,7 @@ static size_t k_embedding_dense_backward_bf16_i16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_bf16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -2486,7 +4717,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16(const opgen_buf_t *buf
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const int16_t v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const int16_t v6 = indices[ro_indices[i5]];
         const int64_t v7 = (int64_t)(v6);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -2523,7 +4754,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16(const opgen_buf_t *buf
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const int16_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int16_t v35 = indices[ro_indices[v34]];
             const int64_t v36 = (int64_t)(v35);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -2532,7 +4763,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16(const opgen_buf_t *buf
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -2549,6 +4780,103 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16(const opgen_buf_t *buf
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_i16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const int16_t *restrict indices = (const int16_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int16_t v6 = indices[ro_indices[i5]];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int16_t v35 = indices[ro_indices[v34]];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_bf16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_bf16_i16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_bf16_i16_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_bf16_i16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2561,7 +4889,7 @@ static size_t k_embedding_dense_backward_bf16_i8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_bf16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -2592,7 +4920,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8(const opgen_buf_t *bufs
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const int8_t v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const int8_t v6 = indices[ro_indices[i5]];
         const int64_t v7 = (int64_t)(v6);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -2629,7 +4957,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8(const opgen_buf_t *bufs
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const int8_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const int8_t v35 = indices[ro_indices[v34]];
             const int64_t v36 = (int64_t)(v35);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -2638,7 +4966,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8(const opgen_buf_t *bufs
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -2655,6 +4983,103 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8(const opgen_buf_t *bufs
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_i8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const int8_t *restrict indices = (const int8_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const int8_t v6 = indices[ro_indices[i5]];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const int8_t v35 = indices[ro_indices[v34]];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_bf16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_bf16_i8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_bf16_i8_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_bf16_i8_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_bf16_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2667,7 +5092,7 @@ static size_t k_embedding_dense_backward_bf16_u8_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_bf16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -2698,7 +5123,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8(const opgen_buf_t *bufs
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const uint8_t v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const uint8_t v6 = indices[ro_indices[i5]];
         const int64_t v7 = (int64_t)(v6);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -2735,7 +5160,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8(const opgen_buf_t *bufs
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const uint8_t v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const uint8_t v35 = indices[ro_indices[v34]];
             const int64_t v36 = (int64_t)(v35);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -2744,7 +5169,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8(const opgen_buf_t *bufs
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -2761,6 +5186,103 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8(const opgen_buf_t *bufs
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_u8_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const uint8_t *restrict indices = (const uint8_t *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const uint8_t v6 = indices[ro_indices[i5]];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const uint8_t v35 = indices[ro_indices[v34]];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_bf16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_bf16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_bf16_u8_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_bf16_u8_g(bufs, dims, sc, ws);
+}
+
 static size_t k_embedding_dense_backward_bf16_bool_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2773,7 +5295,7 @@ static size_t k_embedding_dense_backward_bf16_bool_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_embedding_dense_backward_bf16_bool(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_bool_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     const int64_t st_grad_1 = bufs[0].st[1];
@@ -2804,7 +5326,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_bool(const opgen_buf_t *bu
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
     for (int64_t i5 = v2; i5 < v3; i5++) {
-        const bool v6 = indices[(ro_indices ? ro_indices[i5] : i5 * st_indices_0)];
+        const bool v6 = indices[ro_indices[i5]];
         const int64_t v7 = (int64_t)(v6);
         const bool v8 = v7 >= v2;
         const bool v9 = v7 < v4;
@@ -2841,7 +5363,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_bool(const opgen_buf_t *bu
         const int64_t v32 = t22[v31];
         for (int64_t i33 = v30; i33 < v32; i33++) {
             const int64_t v34 = t23[i33];
-            const bool v35 = indices[(ro_indices ? ro_indices[v34] : v34 * st_indices_0)];
+            const bool v35 = indices[ro_indices[v34]];
             const int64_t v36 = (int64_t)(v35);
             const bool v37 = v36 != padding_idx;
             const int64_t v38 = t1[v34];
@@ -2850,7 +5372,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_bool(const opgen_buf_t *bu
             const float v41 = v26 / v40;
             const float v42 = scale_grad_by_freq ? v41 : v26;
             for (int64_t i43 = v20; i43 < v25; i43++) {
-                const float v44 = opgen_bf16_to_f32(grad[(ro_grad ? ro_grad[v34] : v34 * st_grad_0) + i43 * st_grad_1]);
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43 * st_grad_1]);
                 const float v45 = v44;
                 const float v46 = v45 * v42;
                 const float v47 = v37 ? v46 : v27;
@@ -2865,6 +5387,103 @@ static opgen_status_t k_embedding_dense_backward_bf16_bool(const opgen_buf_t *bu
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_bf16_bool_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)ro_grad;
+    const bool *restrict indices = (const bool *)bufs[1].data;
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    (void)out; (void)st_out_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    size_t off = 0;
+    char *wp = ws;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int32_t *restrict t11 = (int32_t *)(wp + off); off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    int64_t *restrict t22 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    int64_t *restrict t23 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = d_N;
+    const int64_t v4 = d_V;
+    for (int64_t i5 = v2; i5 < v3; i5++) {
+        const bool v6 = indices[ro_indices[i5]];
+        const int64_t v7 = (int64_t)(v6);
+        const bool v8 = v7 >= v2;
+        const bool v9 = v7 < v4;
+        const bool v10 = v8 && v9;
+        if (!(v10)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i5] = v7;
+    }
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_V;
+    const int32_t v14 = 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i15 = v12; i15 < v13; i15++) {
+        t11[i15] = v14;
+    }
+    const int64_t v16 = d_N;
+    const int32_t v17 = 1;
+    for (int64_t i18 = v12; i18 < v16; i18++) {
+        const int64_t v19 = t1[i18];
+        t11[v19] += v17;
+    }
+    const int64_t v20 = 0ll;
+    const int64_t v21 = d_V;
+    opgen_segments(t1, d_N, v21, t22, t23);
+    const int64_t v24 = 1ll;
+    const int64_t v25 = d_D;
+    const float v26 = 1.0f;
+    const float v27 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i28 = v20; i28 < v21; i28++) {
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l29, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v30 = t22[i28];
+        const int64_t v31 = i28 + v24;
+        const int64_t v32 = t22[v31];
+        for (int64_t i33 = v30; i33 < v32; i33++) {
+            const int64_t v34 = t23[i33];
+            const bool v35 = indices[ro_indices[v34]];
+            const int64_t v36 = (int64_t)(v35);
+            const bool v37 = v36 != padding_idx;
+            const int64_t v38 = t1[v34];
+            const int32_t v39 = t11[v38];
+            const float v40 = (float)(v39);
+            const float v41 = v26 / v40;
+            const float v42 = scale_grad_by_freq ? v41 : v26;
+            for (int64_t i43 = v20; i43 < v25; i43++) {
+                const float v44 = opgen_bf16_to_f32(grad[ro_grad[v34] + i43]);
+                const float v45 = v44;
+                const float v46 = v45 * v42;
+                const float v47 = v37 ? v46 : v27;
+                l29[i43] += v47;
+            }
+        }
+        for (int64_t i48 = v20; i48 < v25; i48++) {
+            const float v49 = l29[i48];
+            const float v50 = v49;
+            out[i28 * st_out_0 + i48] = opgen_f32_to_bf16(v50);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_embedding_dense_backward_bf16_bool(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[1] == 1 || dims[1] <= 1) && (bufs[5].st[1] == 1 || dims[1] <= 1)) return k_embedding_dense_backward_bf16_bool_u(bufs, dims, sc, ws);
+    return k_embedding_dense_backward_bf16_bool_g(bufs, dims, sc, ws);
 }
 
 static const opgen_param_t P_embedding_dense_backward[] = {

@@ -18,7 +18,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_ws(cons
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -159,6 +159,147 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_ws(const int64_t *dims) {
@@ -174,7 +315,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_ws(cons
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -315,6 +456,147 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_ws(const int64_t *dims) {
@@ -330,7 +612,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_ws(co
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -471,6 +753,147 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_ws(const int64_t *dims) {
@@ -486,7 +909,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_ws(co
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -629,6 +1052,147 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_ws(const int64_t *dims) {
     const int64_t d_BT = dims[0]; (void)d_BT;
     const int64_t d_H = dims[1]; (void)d_H;
@@ -642,7 +1206,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_ws(con
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -783,6 +1347,147 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i3
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_ws(const int64_t *dims) {
@@ -798,7 +1503,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_ws(con
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -941,6 +1646,147 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i6
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_ws(const int64_t *dims) {
     const int64_t d_BT = dims[0]; (void)d_BT;
     const int64_t d_H = dims[1]; (void)d_H;
@@ -954,7 +1800,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_ws(c
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -1097,6 +1943,147 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_ws(const int64_t *dims) {
     const int64_t d_BT = dims[0]; (void)d_BT;
     const int64_t d_H = dims[1]; (void)d_H;
@@ -1110,7 +2097,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_ws(c
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -1251,6 +2238,147 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_ws(const int64_t *dims) {
@@ -1267,7 +2395,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -1426,6 +2554,164 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t16 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t49 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t54 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t62 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    #pragma omp parallel for schedule(static)
+    for (int64_t i12 = 0; i12 < d_BT; i12++) {
+        for (int64_t j13 = 0; j13 < d_V; j13++) {
+            float acc15 = 0;
+            for (int64_t k14 = 0; k14 < d_H; k14++)
+                acc15 += (float)opgen_f16_to_f32(input[i12 * st_input_0 + k14]) * (float)opgen_f16_to_f32(weight[j13 * st_weight_0 + k14]);
+            t11[i12 * d_V + j13] = acc15;
+        }
+    }
+    const int64_t v17 = 0ll;
+    const int64_t v18 = d_BT;
+    const int64_t v19 = d_V;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i22 = v17; i22 < v18; i22++) {
+        const float v23 = logits_max[i22];
+        const float v24 = sum_exp_logits[i22];
+        const int32_t v25 = masked_target[i22];
+        const int64_t v26 = (int64_t)(v25);
+        const bool v27 = (bool)((target_mask[(i22 >> 3)] >> (i22 & 7)) & 1);
+        const bool v28 = !v27;
+        const float v29 = grad[i22];
+        for (int64_t i30 = v17; i30 < v19; i30++) {
+            const float v31 = t11[i22 * d_V + i30];
+            const float v32 = v31;
+            const float v33 = v32 - v23;
+            const float v34 = expf(v33);
+            const float v35 = v34 / v24;
+            const bool v36 = i30 == v26;
+            const bool v37 = v36 && v28;
+            const float v38 = v37 ? v20 : v21;
+            const float v39 = v35 - v38;
+            const float v40 = v39 * v29;
+            t16[i22 * d_V + i30] = v40;
+        }
+    }
+    const int64_t v42 = 0ll;
+    const int64_t v43 = d_V;
+    const int64_t v44 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i45 = v42; i45 < v43; i45++) {
+        for (int64_t i46 = v42; i46 < v44; i46++) {
+            const float v47 = opgen_f16_to_f32(weight[i45 * st_weight_0 + i46]);
+            const float v48 = v47;
+            t41[i45 * d_H + i46] = v48;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i50 = 0; i50 < d_BT; i50++) {
+        for (int64_t j51 = 0; j51 < d_H; j51++) {
+            float acc53 = 0;
+            for (int64_t k52 = 0; k52 < d_V; k52++)
+                acc53 += (float)t16[i50 * d_V + k52] * (float)t41[k52 * d_H + j51];
+            t49[i50 * d_H + j51] = acc53;
+        }
+    }
+    const int64_t v55 = 0ll;
+    const int64_t v56 = d_BT;
+    const int64_t v57 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i58 = v55; i58 < v56; i58++) {
+        for (int64_t i59 = v55; i59 < v57; i59++) {
+            const float v60 = opgen_f16_to_f32(input[i58 * st_input_0 + i59]);
+            const float v61 = v60;
+            t54[i58 * d_H + i59] = v61;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i63 = 0; i63 < d_V; i63++) {
+        for (int64_t j64 = 0; j64 < d_H; j64++) {
+            float acc66 = 0;
+            for (int64_t k65 = 0; k65 < d_BT; k65++)
+                acc66 += (float)t16[k65 * d_V + i63] * (float)t54[k65 * d_H + j64];
+            t62[i63 * d_H + j64] = acc66;
+        }
+    }
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_BT;
+    const int64_t v69 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i70 = v67; i70 < v68; i70++) {
+        for (int64_t i71 = v67; i71 < v69; i71++) {
+            const float v72 = t49[i70 * d_H + i71];
+            const float v73 = v72;
+            input_grad[i70 * st_input_grad_0 + i71] = opgen_f32_to_f16(v73);
+        }
+    }
+    const int64_t v74 = 0ll;
+    const int64_t v75 = d_V;
+    const int64_t v76 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i77 = v74; i77 < v75; i77++) {
+        for (int64_t i78 = v74; i78 < v76; i78++) {
+            const float v79 = t62[i77 * d_H + i78];
+            const float v80 = v79;
+            weight_grad[i77 * st_weight_grad_0 + i78] = opgen_f32_to_f16(v80);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_ws(const int64_t *dims) {
@@ -1442,7 +2728,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -1601,6 +2887,164 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t16 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t49 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t54 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t62 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    #pragma omp parallel for schedule(static)
+    for (int64_t i12 = 0; i12 < d_BT; i12++) {
+        for (int64_t j13 = 0; j13 < d_V; j13++) {
+            float acc15 = 0;
+            for (int64_t k14 = 0; k14 < d_H; k14++)
+                acc15 += (float)opgen_f16_to_f32(input[i12 * st_input_0 + k14]) * (float)opgen_f16_to_f32(weight[j13 * st_weight_0 + k14]);
+            t11[i12 * d_V + j13] = acc15;
+        }
+    }
+    const int64_t v17 = 0ll;
+    const int64_t v18 = d_BT;
+    const int64_t v19 = d_V;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i22 = v17; i22 < v18; i22++) {
+        const float v23 = logits_max[i22];
+        const float v24 = sum_exp_logits[i22];
+        const int64_t v25 = masked_target[i22];
+        const int64_t v26 = v25;
+        const bool v27 = (bool)((target_mask[(i22 >> 3)] >> (i22 & 7)) & 1);
+        const bool v28 = !v27;
+        const float v29 = grad[i22];
+        for (int64_t i30 = v17; i30 < v19; i30++) {
+            const float v31 = t11[i22 * d_V + i30];
+            const float v32 = v31;
+            const float v33 = v32 - v23;
+            const float v34 = expf(v33);
+            const float v35 = v34 / v24;
+            const bool v36 = i30 == v26;
+            const bool v37 = v36 && v28;
+            const float v38 = v37 ? v20 : v21;
+            const float v39 = v35 - v38;
+            const float v40 = v39 * v29;
+            t16[i22 * d_V + i30] = v40;
+        }
+    }
+    const int64_t v42 = 0ll;
+    const int64_t v43 = d_V;
+    const int64_t v44 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i45 = v42; i45 < v43; i45++) {
+        for (int64_t i46 = v42; i46 < v44; i46++) {
+            const float v47 = opgen_f16_to_f32(weight[i45 * st_weight_0 + i46]);
+            const float v48 = v47;
+            t41[i45 * d_H + i46] = v48;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i50 = 0; i50 < d_BT; i50++) {
+        for (int64_t j51 = 0; j51 < d_H; j51++) {
+            float acc53 = 0;
+            for (int64_t k52 = 0; k52 < d_V; k52++)
+                acc53 += (float)t16[i50 * d_V + k52] * (float)t41[k52 * d_H + j51];
+            t49[i50 * d_H + j51] = acc53;
+        }
+    }
+    const int64_t v55 = 0ll;
+    const int64_t v56 = d_BT;
+    const int64_t v57 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i58 = v55; i58 < v56; i58++) {
+        for (int64_t i59 = v55; i59 < v57; i59++) {
+            const float v60 = opgen_f16_to_f32(input[i58 * st_input_0 + i59]);
+            const float v61 = v60;
+            t54[i58 * d_H + i59] = v61;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i63 = 0; i63 < d_V; i63++) {
+        for (int64_t j64 = 0; j64 < d_H; j64++) {
+            float acc66 = 0;
+            for (int64_t k65 = 0; k65 < d_BT; k65++)
+                acc66 += (float)t16[k65 * d_V + i63] * (float)t54[k65 * d_H + j64];
+            t62[i63 * d_H + j64] = acc66;
+        }
+    }
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_BT;
+    const int64_t v69 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i70 = v67; i70 < v68; i70++) {
+        for (int64_t i71 = v67; i71 < v69; i71++) {
+            const float v72 = t49[i70 * d_H + i71];
+            const float v73 = v72;
+            input_grad[i70 * st_input_grad_0 + i71] = opgen_f32_to_f16(v73);
+        }
+    }
+    const int64_t v74 = 0ll;
+    const int64_t v75 = d_V;
+    const int64_t v76 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i77 = v74; i77 < v75; i77++) {
+        for (int64_t i78 = v74; i78 < v76; i78++) {
+            const float v79 = t62[i77 * d_H + i78];
+            const float v80 = v79;
+            weight_grad[i77 * st_weight_grad_0 + i78] = opgen_f32_to_f16(v80);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_ws(const int64_t *dims) {
@@ -1617,7 +3061,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -1776,6 +3220,164 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t16 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t49 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t54 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t62 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    #pragma omp parallel for schedule(static)
+    for (int64_t i12 = 0; i12 < d_BT; i12++) {
+        for (int64_t j13 = 0; j13 < d_V; j13++) {
+            float acc15 = 0;
+            for (int64_t k14 = 0; k14 < d_H; k14++)
+                acc15 += (float)opgen_f16_to_f32(input[i12 * st_input_0 + k14]) * (float)opgen_f16_to_f32(weight[j13 * st_weight_0 + k14]);
+            t11[i12 * d_V + j13] = acc15;
+        }
+    }
+    const int64_t v17 = 0ll;
+    const int64_t v18 = d_BT;
+    const int64_t v19 = d_V;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i22 = v17; i22 < v18; i22++) {
+        const float v23 = logits_max[i22];
+        const float v24 = sum_exp_logits[i22];
+        const int32_t v25 = masked_target[i22];
+        const int64_t v26 = (int64_t)(v25);
+        const bool v27 = target_mask[i22];
+        const bool v28 = !v27;
+        const float v29 = grad[i22];
+        for (int64_t i30 = v17; i30 < v19; i30++) {
+            const float v31 = t11[i22 * d_V + i30];
+            const float v32 = v31;
+            const float v33 = v32 - v23;
+            const float v34 = expf(v33);
+            const float v35 = v34 / v24;
+            const bool v36 = i30 == v26;
+            const bool v37 = v36 && v28;
+            const float v38 = v37 ? v20 : v21;
+            const float v39 = v35 - v38;
+            const float v40 = v39 * v29;
+            t16[i22 * d_V + i30] = v40;
+        }
+    }
+    const int64_t v42 = 0ll;
+    const int64_t v43 = d_V;
+    const int64_t v44 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i45 = v42; i45 < v43; i45++) {
+        for (int64_t i46 = v42; i46 < v44; i46++) {
+            const float v47 = opgen_f16_to_f32(weight[i45 * st_weight_0 + i46]);
+            const float v48 = v47;
+            t41[i45 * d_H + i46] = v48;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i50 = 0; i50 < d_BT; i50++) {
+        for (int64_t j51 = 0; j51 < d_H; j51++) {
+            float acc53 = 0;
+            for (int64_t k52 = 0; k52 < d_V; k52++)
+                acc53 += (float)t16[i50 * d_V + k52] * (float)t41[k52 * d_H + j51];
+            t49[i50 * d_H + j51] = acc53;
+        }
+    }
+    const int64_t v55 = 0ll;
+    const int64_t v56 = d_BT;
+    const int64_t v57 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i58 = v55; i58 < v56; i58++) {
+        for (int64_t i59 = v55; i59 < v57; i59++) {
+            const float v60 = opgen_f16_to_f32(input[i58 * st_input_0 + i59]);
+            const float v61 = v60;
+            t54[i58 * d_H + i59] = v61;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i63 = 0; i63 < d_V; i63++) {
+        for (int64_t j64 = 0; j64 < d_H; j64++) {
+            float acc66 = 0;
+            for (int64_t k65 = 0; k65 < d_BT; k65++)
+                acc66 += (float)t16[k65 * d_V + i63] * (float)t54[k65 * d_H + j64];
+            t62[i63 * d_H + j64] = acc66;
+        }
+    }
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_BT;
+    const int64_t v69 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i70 = v67; i70 < v68; i70++) {
+        for (int64_t i71 = v67; i71 < v69; i71++) {
+            const float v72 = t49[i70 * d_H + i71];
+            const float v73 = v72;
+            input_grad[i70 * st_input_grad_0 + i71] = opgen_f32_to_f16(v73);
+        }
+    }
+    const int64_t v74 = 0ll;
+    const int64_t v75 = d_V;
+    const int64_t v76 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i77 = v74; i77 < v75; i77++) {
+        for (int64_t i78 = v74; i78 < v76; i78++) {
+            const float v79 = t62[i77 * d_H + i78];
+            const float v80 = v79;
+            weight_grad[i77 * st_weight_grad_0 + i78] = opgen_f32_to_f16(v80);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_ws(const int64_t *dims) {
@@ -1792,7 +3394,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -1953,6 +3555,164 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t16 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t49 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t54 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t62 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    #pragma omp parallel for schedule(static)
+    for (int64_t i12 = 0; i12 < d_BT; i12++) {
+        for (int64_t j13 = 0; j13 < d_V; j13++) {
+            float acc15 = 0;
+            for (int64_t k14 = 0; k14 < d_H; k14++)
+                acc15 += (float)opgen_f16_to_f32(input[i12 * st_input_0 + k14]) * (float)opgen_f16_to_f32(weight[j13 * st_weight_0 + k14]);
+            t11[i12 * d_V + j13] = acc15;
+        }
+    }
+    const int64_t v17 = 0ll;
+    const int64_t v18 = d_BT;
+    const int64_t v19 = d_V;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i22 = v17; i22 < v18; i22++) {
+        const float v23 = logits_max[i22];
+        const float v24 = sum_exp_logits[i22];
+        const int64_t v25 = masked_target[i22];
+        const int64_t v26 = v25;
+        const bool v27 = target_mask[i22];
+        const bool v28 = !v27;
+        const float v29 = grad[i22];
+        for (int64_t i30 = v17; i30 < v19; i30++) {
+            const float v31 = t11[i22 * d_V + i30];
+            const float v32 = v31;
+            const float v33 = v32 - v23;
+            const float v34 = expf(v33);
+            const float v35 = v34 / v24;
+            const bool v36 = i30 == v26;
+            const bool v37 = v36 && v28;
+            const float v38 = v37 ? v20 : v21;
+            const float v39 = v35 - v38;
+            const float v40 = v39 * v29;
+            t16[i22 * d_V + i30] = v40;
+        }
+    }
+    const int64_t v42 = 0ll;
+    const int64_t v43 = d_V;
+    const int64_t v44 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i45 = v42; i45 < v43; i45++) {
+        for (int64_t i46 = v42; i46 < v44; i46++) {
+            const float v47 = opgen_f16_to_f32(weight[i45 * st_weight_0 + i46]);
+            const float v48 = v47;
+            t41[i45 * d_H + i46] = v48;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i50 = 0; i50 < d_BT; i50++) {
+        for (int64_t j51 = 0; j51 < d_H; j51++) {
+            float acc53 = 0;
+            for (int64_t k52 = 0; k52 < d_V; k52++)
+                acc53 += (float)t16[i50 * d_V + k52] * (float)t41[k52 * d_H + j51];
+            t49[i50 * d_H + j51] = acc53;
+        }
+    }
+    const int64_t v55 = 0ll;
+    const int64_t v56 = d_BT;
+    const int64_t v57 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i58 = v55; i58 < v56; i58++) {
+        for (int64_t i59 = v55; i59 < v57; i59++) {
+            const float v60 = opgen_f16_to_f32(input[i58 * st_input_0 + i59]);
+            const float v61 = v60;
+            t54[i58 * d_H + i59] = v61;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i63 = 0; i63 < d_V; i63++) {
+        for (int64_t j64 = 0; j64 < d_H; j64++) {
+            float acc66 = 0;
+            for (int64_t k65 = 0; k65 < d_BT; k65++)
+                acc66 += (float)t16[k65 * d_V + i63] * (float)t54[k65 * d_H + j64];
+            t62[i63 * d_H + j64] = acc66;
+        }
+    }
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_BT;
+    const int64_t v69 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i70 = v67; i70 < v68; i70++) {
+        for (int64_t i71 = v67; i71 < v69; i71++) {
+            const float v72 = t49[i70 * d_H + i71];
+            const float v73 = v72;
+            input_grad[i70 * st_input_grad_0 + i71] = opgen_f32_to_f16(v73);
+        }
+    }
+    const int64_t v74 = 0ll;
+    const int64_t v75 = d_V;
+    const int64_t v76 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i77 = v74; i77 < v75; i77++) {
+        for (int64_t i78 = v74; i78 < v76; i78++) {
+            const float v79 = t62[i77 * d_H + i78];
+            const float v80 = v79;
+            weight_grad[i77 * st_weight_grad_0 + i78] = opgen_f32_to_f16(v80);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_ws(const int64_t *dims) {
     const int64_t d_BT = dims[0]; (void)d_BT;
     const int64_t d_H = dims[1]; (void)d_H;
@@ -1967,7 +3727,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -2126,6 +3886,164 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t16 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t49 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t54 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t62 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    #pragma omp parallel for schedule(static)
+    for (int64_t i12 = 0; i12 < d_BT; i12++) {
+        for (int64_t j13 = 0; j13 < d_V; j13++) {
+            float acc15 = 0;
+            for (int64_t k14 = 0; k14 < d_H; k14++)
+                acc15 += (float)opgen_bf16_to_f32(input[i12 * st_input_0 + k14]) * (float)opgen_bf16_to_f32(weight[j13 * st_weight_0 + k14]);
+            t11[i12 * d_V + j13] = acc15;
+        }
+    }
+    const int64_t v17 = 0ll;
+    const int64_t v18 = d_BT;
+    const int64_t v19 = d_V;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i22 = v17; i22 < v18; i22++) {
+        const float v23 = logits_max[i22];
+        const float v24 = sum_exp_logits[i22];
+        const int32_t v25 = masked_target[i22];
+        const int64_t v26 = (int64_t)(v25);
+        const bool v27 = (bool)((target_mask[(i22 >> 3)] >> (i22 & 7)) & 1);
+        const bool v28 = !v27;
+        const float v29 = grad[i22];
+        for (int64_t i30 = v17; i30 < v19; i30++) {
+            const float v31 = t11[i22 * d_V + i30];
+            const float v32 = v31;
+            const float v33 = v32 - v23;
+            const float v34 = expf(v33);
+            const float v35 = v34 / v24;
+            const bool v36 = i30 == v26;
+            const bool v37 = v36 && v28;
+            const float v38 = v37 ? v20 : v21;
+            const float v39 = v35 - v38;
+            const float v40 = v39 * v29;
+            t16[i22 * d_V + i30] = v40;
+        }
+    }
+    const int64_t v42 = 0ll;
+    const int64_t v43 = d_V;
+    const int64_t v44 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i45 = v42; i45 < v43; i45++) {
+        for (int64_t i46 = v42; i46 < v44; i46++) {
+            const float v47 = opgen_bf16_to_f32(weight[i45 * st_weight_0 + i46]);
+            const float v48 = v47;
+            t41[i45 * d_H + i46] = v48;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i50 = 0; i50 < d_BT; i50++) {
+        for (int64_t j51 = 0; j51 < d_H; j51++) {
+            float acc53 = 0;
+            for (int64_t k52 = 0; k52 < d_V; k52++)
+                acc53 += (float)t16[i50 * d_V + k52] * (float)t41[k52 * d_H + j51];
+            t49[i50 * d_H + j51] = acc53;
+        }
+    }
+    const int64_t v55 = 0ll;
+    const int64_t v56 = d_BT;
+    const int64_t v57 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i58 = v55; i58 < v56; i58++) {
+        for (int64_t i59 = v55; i59 < v57; i59++) {
+            const float v60 = opgen_bf16_to_f32(input[i58 * st_input_0 + i59]);
+            const float v61 = v60;
+            t54[i58 * d_H + i59] = v61;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i63 = 0; i63 < d_V; i63++) {
+        for (int64_t j64 = 0; j64 < d_H; j64++) {
+            float acc66 = 0;
+            for (int64_t k65 = 0; k65 < d_BT; k65++)
+                acc66 += (float)t16[k65 * d_V + i63] * (float)t54[k65 * d_H + j64];
+            t62[i63 * d_H + j64] = acc66;
+        }
+    }
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_BT;
+    const int64_t v69 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i70 = v67; i70 < v68; i70++) {
+        for (int64_t i71 = v67; i71 < v69; i71++) {
+            const float v72 = t49[i70 * d_H + i71];
+            const float v73 = v72;
+            input_grad[i70 * st_input_grad_0 + i71] = opgen_f32_to_bf16(v73);
+        }
+    }
+    const int64_t v74 = 0ll;
+    const int64_t v75 = d_V;
+    const int64_t v76 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i77 = v74; i77 < v75; i77++) {
+        for (int64_t i78 = v74; i78 < v76; i78++) {
+            const float v79 = t62[i77 * d_H + i78];
+            const float v80 = v79;
+            weight_grad[i77 * st_weight_grad_0 + i78] = opgen_f32_to_bf16(v80);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_ws(const int64_t *dims) {
@@ -2142,7 +4060,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -2303,6 +4221,164 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t16 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t49 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t54 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t62 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    #pragma omp parallel for schedule(static)
+    for (int64_t i12 = 0; i12 < d_BT; i12++) {
+        for (int64_t j13 = 0; j13 < d_V; j13++) {
+            float acc15 = 0;
+            for (int64_t k14 = 0; k14 < d_H; k14++)
+                acc15 += (float)opgen_bf16_to_f32(input[i12 * st_input_0 + k14]) * (float)opgen_bf16_to_f32(weight[j13 * st_weight_0 + k14]);
+            t11[i12 * d_V + j13] = acc15;
+        }
+    }
+    const int64_t v17 = 0ll;
+    const int64_t v18 = d_BT;
+    const int64_t v19 = d_V;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i22 = v17; i22 < v18; i22++) {
+        const float v23 = logits_max[i22];
+        const float v24 = sum_exp_logits[i22];
+        const int64_t v25 = masked_target[i22];
+        const int64_t v26 = v25;
+        const bool v27 = (bool)((target_mask[(i22 >> 3)] >> (i22 & 7)) & 1);
+        const bool v28 = !v27;
+        const float v29 = grad[i22];
+        for (int64_t i30 = v17; i30 < v19; i30++) {
+            const float v31 = t11[i22 * d_V + i30];
+            const float v32 = v31;
+            const float v33 = v32 - v23;
+            const float v34 = expf(v33);
+            const float v35 = v34 / v24;
+            const bool v36 = i30 == v26;
+            const bool v37 = v36 && v28;
+            const float v38 = v37 ? v20 : v21;
+            const float v39 = v35 - v38;
+            const float v40 = v39 * v29;
+            t16[i22 * d_V + i30] = v40;
+        }
+    }
+    const int64_t v42 = 0ll;
+    const int64_t v43 = d_V;
+    const int64_t v44 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i45 = v42; i45 < v43; i45++) {
+        for (int64_t i46 = v42; i46 < v44; i46++) {
+            const float v47 = opgen_bf16_to_f32(weight[i45 * st_weight_0 + i46]);
+            const float v48 = v47;
+            t41[i45 * d_H + i46] = v48;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i50 = 0; i50 < d_BT; i50++) {
+        for (int64_t j51 = 0; j51 < d_H; j51++) {
+            float acc53 = 0;
+            for (int64_t k52 = 0; k52 < d_V; k52++)
+                acc53 += (float)t16[i50 * d_V + k52] * (float)t41[k52 * d_H + j51];
+            t49[i50 * d_H + j51] = acc53;
+        }
+    }
+    const int64_t v55 = 0ll;
+    const int64_t v56 = d_BT;
+    const int64_t v57 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i58 = v55; i58 < v56; i58++) {
+        for (int64_t i59 = v55; i59 < v57; i59++) {
+            const float v60 = opgen_bf16_to_f32(input[i58 * st_input_0 + i59]);
+            const float v61 = v60;
+            t54[i58 * d_H + i59] = v61;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i63 = 0; i63 < d_V; i63++) {
+        for (int64_t j64 = 0; j64 < d_H; j64++) {
+            float acc66 = 0;
+            for (int64_t k65 = 0; k65 < d_BT; k65++)
+                acc66 += (float)t16[k65 * d_V + i63] * (float)t54[k65 * d_H + j64];
+            t62[i63 * d_H + j64] = acc66;
+        }
+    }
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_BT;
+    const int64_t v69 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i70 = v67; i70 < v68; i70++) {
+        for (int64_t i71 = v67; i71 < v69; i71++) {
+            const float v72 = t49[i70 * d_H + i71];
+            const float v73 = v72;
+            input_grad[i70 * st_input_grad_0 + i71] = opgen_f32_to_bf16(v73);
+        }
+    }
+    const int64_t v74 = 0ll;
+    const int64_t v75 = d_V;
+    const int64_t v76 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i77 = v74; i77 < v75; i77++) {
+        for (int64_t i78 = v74; i78 < v76; i78++) {
+            const float v79 = t62[i77 * d_H + i78];
+            const float v80 = v79;
+            weight_grad[i77 * st_weight_grad_0 + i78] = opgen_f32_to_bf16(v80);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_ws(const int64_t *dims) {
     const int64_t d_BT = dims[0]; (void)d_BT;
     const int64_t d_H = dims[1]; (void)d_H;
@@ -2317,7 +4393,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -2478,6 +4554,164 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t16 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t49 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t54 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t62 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    #pragma omp parallel for schedule(static)
+    for (int64_t i12 = 0; i12 < d_BT; i12++) {
+        for (int64_t j13 = 0; j13 < d_V; j13++) {
+            float acc15 = 0;
+            for (int64_t k14 = 0; k14 < d_H; k14++)
+                acc15 += (float)opgen_bf16_to_f32(input[i12 * st_input_0 + k14]) * (float)opgen_bf16_to_f32(weight[j13 * st_weight_0 + k14]);
+            t11[i12 * d_V + j13] = acc15;
+        }
+    }
+    const int64_t v17 = 0ll;
+    const int64_t v18 = d_BT;
+    const int64_t v19 = d_V;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i22 = v17; i22 < v18; i22++) {
+        const float v23 = logits_max[i22];
+        const float v24 = sum_exp_logits[i22];
+        const int32_t v25 = masked_target[i22];
+        const int64_t v26 = (int64_t)(v25);
+        const bool v27 = target_mask[i22];
+        const bool v28 = !v27;
+        const float v29 = grad[i22];
+        for (int64_t i30 = v17; i30 < v19; i30++) {
+            const float v31 = t11[i22 * d_V + i30];
+            const float v32 = v31;
+            const float v33 = v32 - v23;
+            const float v34 = expf(v33);
+            const float v35 = v34 / v24;
+            const bool v36 = i30 == v26;
+            const bool v37 = v36 && v28;
+            const float v38 = v37 ? v20 : v21;
+            const float v39 = v35 - v38;
+            const float v40 = v39 * v29;
+            t16[i22 * d_V + i30] = v40;
+        }
+    }
+    const int64_t v42 = 0ll;
+    const int64_t v43 = d_V;
+    const int64_t v44 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i45 = v42; i45 < v43; i45++) {
+        for (int64_t i46 = v42; i46 < v44; i46++) {
+            const float v47 = opgen_bf16_to_f32(weight[i45 * st_weight_0 + i46]);
+            const float v48 = v47;
+            t41[i45 * d_H + i46] = v48;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i50 = 0; i50 < d_BT; i50++) {
+        for (int64_t j51 = 0; j51 < d_H; j51++) {
+            float acc53 = 0;
+            for (int64_t k52 = 0; k52 < d_V; k52++)
+                acc53 += (float)t16[i50 * d_V + k52] * (float)t41[k52 * d_H + j51];
+            t49[i50 * d_H + j51] = acc53;
+        }
+    }
+    const int64_t v55 = 0ll;
+    const int64_t v56 = d_BT;
+    const int64_t v57 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i58 = v55; i58 < v56; i58++) {
+        for (int64_t i59 = v55; i59 < v57; i59++) {
+            const float v60 = opgen_bf16_to_f32(input[i58 * st_input_0 + i59]);
+            const float v61 = v60;
+            t54[i58 * d_H + i59] = v61;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i63 = 0; i63 < d_V; i63++) {
+        for (int64_t j64 = 0; j64 < d_H; j64++) {
+            float acc66 = 0;
+            for (int64_t k65 = 0; k65 < d_BT; k65++)
+                acc66 += (float)t16[k65 * d_V + i63] * (float)t54[k65 * d_H + j64];
+            t62[i63 * d_H + j64] = acc66;
+        }
+    }
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_BT;
+    const int64_t v69 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i70 = v67; i70 < v68; i70++) {
+        for (int64_t i71 = v67; i71 < v69; i71++) {
+            const float v72 = t49[i70 * d_H + i71];
+            const float v73 = v72;
+            input_grad[i70 * st_input_grad_0 + i71] = opgen_f32_to_bf16(v73);
+        }
+    }
+    const int64_t v74 = 0ll;
+    const int64_t v75 = d_V;
+    const int64_t v76 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i77 = v74; i77 < v75; i77++) {
+        for (int64_t i78 = v74; i78 < v76; i78++) {
+            const float v79 = t62[i77 * d_H + i78];
+            const float v80 = v79;
+            weight_grad[i77 * st_weight_grad_0 + i78] = opgen_f32_to_bf16(v80);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_ws(const int64_t *dims) {
     const int64_t d_BT = dims[0]; (void)d_BT;
     const int64_t d_H = dims[1]; (void)d_H;
@@ -2492,7 +4726,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -2653,6 +4887,164 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t16 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t41 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t49 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t54 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t62 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    #pragma omp parallel for schedule(static)
+    for (int64_t i12 = 0; i12 < d_BT; i12++) {
+        for (int64_t j13 = 0; j13 < d_V; j13++) {
+            float acc15 = 0;
+            for (int64_t k14 = 0; k14 < d_H; k14++)
+                acc15 += (float)opgen_bf16_to_f32(input[i12 * st_input_0 + k14]) * (float)opgen_bf16_to_f32(weight[j13 * st_weight_0 + k14]);
+            t11[i12 * d_V + j13] = acc15;
+        }
+    }
+    const int64_t v17 = 0ll;
+    const int64_t v18 = d_BT;
+    const int64_t v19 = d_V;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i22 = v17; i22 < v18; i22++) {
+        const float v23 = logits_max[i22];
+        const float v24 = sum_exp_logits[i22];
+        const int64_t v25 = masked_target[i22];
+        const int64_t v26 = v25;
+        const bool v27 = target_mask[i22];
+        const bool v28 = !v27;
+        const float v29 = grad[i22];
+        for (int64_t i30 = v17; i30 < v19; i30++) {
+            const float v31 = t11[i22 * d_V + i30];
+            const float v32 = v31;
+            const float v33 = v32 - v23;
+            const float v34 = expf(v33);
+            const float v35 = v34 / v24;
+            const bool v36 = i30 == v26;
+            const bool v37 = v36 && v28;
+            const float v38 = v37 ? v20 : v21;
+            const float v39 = v35 - v38;
+            const float v40 = v39 * v29;
+            t16[i22 * d_V + i30] = v40;
+        }
+    }
+    const int64_t v42 = 0ll;
+    const int64_t v43 = d_V;
+    const int64_t v44 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i45 = v42; i45 < v43; i45++) {
+        for (int64_t i46 = v42; i46 < v44; i46++) {
+            const float v47 = opgen_bf16_to_f32(weight[i45 * st_weight_0 + i46]);
+            const float v48 = v47;
+            t41[i45 * d_H + i46] = v48;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i50 = 0; i50 < d_BT; i50++) {
+        for (int64_t j51 = 0; j51 < d_H; j51++) {
+            float acc53 = 0;
+            for (int64_t k52 = 0; k52 < d_V; k52++)
+                acc53 += (float)t16[i50 * d_V + k52] * (float)t41[k52 * d_H + j51];
+            t49[i50 * d_H + j51] = acc53;
+        }
+    }
+    const int64_t v55 = 0ll;
+    const int64_t v56 = d_BT;
+    const int64_t v57 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i58 = v55; i58 < v56; i58++) {
+        for (int64_t i59 = v55; i59 < v57; i59++) {
+            const float v60 = opgen_bf16_to_f32(input[i58 * st_input_0 + i59]);
+            const float v61 = v60;
+            t54[i58 * d_H + i59] = v61;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i63 = 0; i63 < d_V; i63++) {
+        for (int64_t j64 = 0; j64 < d_H; j64++) {
+            float acc66 = 0;
+            for (int64_t k65 = 0; k65 < d_BT; k65++)
+                acc66 += (float)t16[k65 * d_V + i63] * (float)t54[k65 * d_H + j64];
+            t62[i63 * d_H + j64] = acc66;
+        }
+    }
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_BT;
+    const int64_t v69 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i70 = v67; i70 < v68; i70++) {
+        for (int64_t i71 = v67; i71 < v69; i71++) {
+            const float v72 = t49[i70 * d_H + i71];
+            const float v73 = v72;
+            input_grad[i70 * st_input_grad_0 + i71] = opgen_f32_to_bf16(v73);
+        }
+    }
+    const int64_t v74 = 0ll;
+    const int64_t v75 = d_V;
+    const int64_t v76 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i77 = v74; i77 < v75; i77++) {
+        for (int64_t i78 = v74; i78 < v76; i78++) {
+            const float v79 = t62[i77 * d_H + i78];
+            const float v80 = v79;
+            weight_grad[i77 * st_weight_grad_0 + i78] = opgen_f32_to_bf16(v80);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_ws(const int64_t *dims) {
     const int64_t d_BT = dims[0]; (void)d_BT;
     const int64_t d_H = dims[1]; (void)d_H;
@@ -2666,7 +5058,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -2810,6 +5202,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_ws(const int64_t *dims) {
@@ -2825,7 +5360,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -2969,6 +5504,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_ws(const int64_t *dims) {
@@ -2984,7 +5662,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_boo
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -3128,6 +5806,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_ws(const int64_t *dims) {
@@ -3143,7 +5964,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_boo
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -3287,6 +6108,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_ws(const int64_t *dims) {
@@ -3302,7 +6266,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -3446,6 +6410,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_ws(const int64_t *dims) {
@@ -3461,7 +6568,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -3605,6 +6712,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_ws(const int64_t *dims) {
@@ -3620,7 +6870,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bo
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -3764,6 +7014,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_ws(const int64_t *dims) {
@@ -3779,7 +7172,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bo
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -3925,6 +7318,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_ws(const int64_t *dims) {
     const int64_t d_BT = dims[0]; (void)d_BT;
     const int64_t d_H = dims[1]; (void)d_H;
@@ -3938,7 +7474,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -4082,6 +7618,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_ws(const int64_t *dims) {
@@ -4097,7 +7776,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -4241,6 +7920,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_ws(const int64_t *dims) {
@@ -4256,7 +8078,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -4400,6 +8222,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_ws(const int64_t *dims) {
@@ -4415,7 +8380,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -4559,6 +8524,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_ws(const int64_t *dims) {
@@ -4574,7 +8682,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf1
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -4718,6 +8826,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_ws(const int64_t *dims) {
@@ -4733,7 +8984,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf1
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -4877,6 +9128,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_ws(const int64_t *dims) {
@@ -4892,7 +9286,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf1
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -5036,6 +9430,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_ws(const int64_t *dims) {
@@ -5051,7 +9588,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf1
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -5197,6 +9734,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_ws(const int64_t *dims) {
     const int64_t d_BT = dims[0]; (void)d_BT;
     const int64_t d_H = dims[1]; (void)d_H;
@@ -5210,7 +9890,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -5357,6 +10037,151 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_ws(const int64_t *dims) {
@@ -5372,7 +10197,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -5519,6 +10344,151 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_ws(const int64_t *dims) {
@@ -5534,7 +10504,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -5681,6 +10651,151 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_ws(const int64_t *dims) {
@@ -5696,7 +10811,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -5845,6 +10960,151 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_f16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_f16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_f16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_f16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_ws(const int64_t *dims) {
     const int64_t d_BT = dims[0]; (void)d_BT;
     const int64_t d_H = dims[1]; (void)d_H;
@@ -5858,7 +11118,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -6005,6 +11265,151 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_g(bufs, dims, sc, ws);
 }
 
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_ws(const int64_t *dims) {
@@ -6020,7 +11425,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -6169,6 +11574,151 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const uint8_t *restrict target_mask = (const uint8_t *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 8ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = (bool)((target_mask[(i17 >> 3)] >> (i17 & 7)) & 1);
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_g(bufs, dims, sc, ws);
+}
+
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_ws(const int64_t *dims) {
     const int64_t d_BT = dims[0]; (void)d_BT;
     const int64_t d_H = dims[1]; (void)d_H;
@@ -6182,7 +11732,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -6331,6 +11881,151 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int32_t *restrict masked_target = (const int32_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int32_t v18 = masked_target[i17];
+        const int64_t v19 = (int64_t)(v18);
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_ws(const int64_t *dims) {
     const int64_t d_BT = dims[0]; (void)d_BT;
     const int64_t d_H = dims[1]; (void)d_H;
@@ -6344,7 +12039,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
     return off;
 }
-static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad = (const float *)bufs[0].data;
     const int64_t st_grad_0 = bufs[0].st[0];
     (void)grad; (void)st_grad_0;
@@ -6491,6 +12186,151 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    (void)grad;
+    const uint16_t *restrict input = (const uint16_t *)bufs[1].data;
+    const int64_t st_input_0 = bufs[1].st[0];
+    (void)input; (void)st_input_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[2].data;
+    const int64_t st_weight_0 = bufs[2].st[0];
+    (void)weight; (void)st_weight_0;
+    const bool *restrict target_mask = (const bool *)bufs[3].data;
+    (void)target_mask;
+    const int64_t *restrict masked_target = (const int64_t *)bufs[4].data;
+    (void)masked_target;
+    const float label_smoothing = sc[5].f; (void)label_smoothing;
+    const float *restrict logits_max = (const float *)bufs[6].data;
+    (void)logits_max;
+    const float *restrict sum_exp_logits = (const float *)bufs[7].data;
+    (void)sum_exp_logits;
+    const float *restrict softmax = (const float *)bufs[8].data;
+    const int64_t st_softmax_0 = bufs[8].st[0];
+    (void)softmax; (void)st_softmax_0;
+    uint16_t *restrict input_grad = (uint16_t *)bufs[9].data;
+    const int64_t st_input_grad_0 = bufs[9].st[0];
+    (void)input_grad; (void)st_input_grad_0;
+    uint16_t *restrict weight_grad = (uint16_t *)bufs[10].data;
+    const int64_t st_weight_grad_0 = bufs[10].st[0];
+    (void)weight_grad; (void)st_weight_grad_0;
+    const int64_t d_BT = dims[0]; (void)d_BT;
+    const int64_t d_H = dims[1]; (void)d_H;
+    const int64_t d_V = dims[2]; (void)d_V;
+    const int64_t d_L = dims[3]; (void)d_L;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t11 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_V);
+    float *restrict t30 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    float *restrict t38 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t43 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_BT * (size_t)d_H);
+    float *restrict t51 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_V * (size_t)d_H);
+    const float v1 = 0.0f;
+    const bool v2 = label_smoothing == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v3 = d_V;
+    const int64_t v4 = 128ll;
+    const bool v5 = v3 >= v4;
+    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v6 = 1ll;
+    const int64_t v7 = d_L;
+    const int64_t v8 = v7 * v6;
+    const int64_t v9 = d_BT;
+    const bool v10 = v8 >= v9;
+    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = d_V;
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i17 = v12; i17 < v13; i17++) {
+        const int64_t v18 = masked_target[i17];
+        const int64_t v19 = v18;
+        const bool v20 = target_mask[i17];
+        const bool v21 = !v20;
+        const float v22 = grad[i17];
+        for (int64_t i23 = v12; i23 < v14; i23++) {
+            const float v24 = softmax[i17 * st_softmax_0 + i23];
+            const bool v25 = i23 == v19;
+            const bool v26 = v25 && v21;
+            const float v27 = v26 ? v15 : v16;
+            const float v28 = v24 - v27;
+            const float v29 = v28 * v22;
+            t11[i17 * d_V + i23] = v29;
+        }
+    }
+    const int64_t v31 = 0ll;
+    const int64_t v32 = d_V;
+    const int64_t v33 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i34 = v31; i34 < v32; i34++) {
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const float v36 = opgen_bf16_to_f32(weight[i34 * st_weight_0 + i35]);
+            const float v37 = v36;
+            t30[i34 * d_H + i35] = v37;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i39 = 0; i39 < d_BT; i39++) {
+        for (int64_t j40 = 0; j40 < d_H; j40++) {
+            float acc42 = 0;
+            for (int64_t k41 = 0; k41 < d_V; k41++)
+                acc42 += (float)t11[i39 * d_V + k41] * (float)t30[k41 * d_H + j40];
+            t38[i39 * d_H + j40] = acc42;
+        }
+    }
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_BT;
+    const int64_t v46 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i47 = v44; i47 < v45; i47++) {
+        for (int64_t i48 = v44; i48 < v46; i48++) {
+            const float v49 = opgen_bf16_to_f32(input[i47 * st_input_0 + i48]);
+            const float v50 = v49;
+            t43[i47 * d_H + i48] = v50;
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t i52 = 0; i52 < d_V; i52++) {
+        for (int64_t j53 = 0; j53 < d_H; j53++) {
+            float acc55 = 0;
+            for (int64_t k54 = 0; k54 < d_BT; k54++)
+                acc55 += (float)t11[k54 * d_V + i52] * (float)t43[k54 * d_H + j53];
+            t51[i52 * d_H + j53] = acc55;
+        }
+    }
+    const int64_t v56 = 0ll;
+    const int64_t v57 = d_BT;
+    const int64_t v58 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i59 = v56; i59 < v57; i59++) {
+        for (int64_t i60 = v56; i60 < v58; i60++) {
+            const float v61 = t38[i59 * d_H + i60];
+            const float v62 = v61;
+            input_grad[i59 * st_input_grad_0 + i60] = opgen_f32_to_bf16(v62);
+        }
+    }
+    const int64_t v63 = 0ll;
+    const int64_t v64 = d_V;
+    const int64_t v65 = d_H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i66 = v63; i66 < v64; i66++) {
+        for (int64_t i67 = v63; i67 < v65; i67++) {
+            const float v68 = t51[i66 * d_H + i67];
+            const float v69 = v68;
+            weight_grad[i66 * st_weight_grad_0 + i67] = opgen_f32_to_bf16(v69);
+        }
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[0].st[0] == 1 || dims[0] <= 1) && (bufs[1].st[1] == 1 || dims[1] <= 1) && (bufs[2].st[1] == 1 || dims[1] <= 1) && (bufs[3].st[0] == 1 || dims[3] <= 1) && (bufs[4].st[0] == 1 || dims[0] <= 1) && (bufs[6].st[0] == 1 || dims[0] <= 1) && (bufs[7].st[0] == 1 || dims[0] <= 1) && (bufs[8].st[1] == 1 || dims[2] <= 1) && (bufs[9].st[1] == 1 || dims[1] <= 1) && (bufs[10].st[1] == 1 || dims[1] <= 1)) return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_u(bufs, dims, sc, ws);
+    return k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_g(bufs, dims, sc, ws);
 }
 
 static const opgen_param_t P_fused_linear_cross_entropy_loss_grad[] = {

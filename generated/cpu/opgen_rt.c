@@ -186,7 +186,9 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
         }
         if (p->rank > 0) bufs[k].st[0] = coalesced ? s0 : 0;
         for (int i = 1; i < p->rank; i++) bufs[k].st[i] = st[i + nb - 1];
-        if (!coalesced) n_batch_rows[k] = nb;
+        /* a Batch dim always gets a row-offset table (kernels index rows through it without a
+           branch); coalesced layouts fill it with a single stride */
+        if (p->batch) n_batch_rows[k] = coalesced ? -1 : nb;
     }
     for (int d = 0; d < op->n_dims; d++)
         if (!dim_bound[d]) return opgen_fail(OPGEN_ERR_PARAM, "%s: dim %s is not bound", op->name, op->dim_names[d]);
@@ -245,7 +247,11 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
         const opgen_tensor_t *t = tensors[k];
         int64_t *ro = (int64_t *)(w + off);
         int64_t rows = dims[op->params[k].dims[0]];
-        for (int64_t r = 0; r < rows; r++) {
+        if (nb < 0) {
+            for (int64_t r = 0; r < rows; r++) ro[r] = r * bufs[k].st[0];
+            nb = 0;
+        }
+        for (int64_t r = 0; nb > 0 && r < rows; r++) {
             int64_t rem = r, o = 0;
             for (int i = nb - 1; i >= 0; i--) {
                 o += (rem % t->shape[i]) * strides_buf[k][i];

@@ -13,7 +13,7 @@ static size_t k_rms_norm_backward_f16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_rms_norm_backward_f16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad_y = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_y_0 = bufs[0].st[0];
     const int64_t *ro_grad_y = bufs[0].ro;
@@ -63,7 +63,7 @@ static opgen_status_t k_rms_norm_backward_f16(const opgen_buf_t *bufs, const int
                 for (; r19 + 16 <= v6; r19 += 16) {
                     for (int l = 0; l < 16; l++) {
                         const int64_t i17 = r19 + l;
-                        const float v20 = opgen_f16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i17]);
+                        const float v20 = opgen_f16_to_f32(x[ro_x[i14] + i17]);
                         const float v21 = v20 * v20;
                         lane18[l] += v21;
                     }
@@ -71,7 +71,7 @@ static opgen_status_t k_rms_norm_backward_f16(const opgen_buf_t *bufs, const int
                 for (int l = 0; r19 + l < v6; l++) {
                     {
                         const int64_t i17 = r19 + l;
-                        const float v22 = opgen_f16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i17]);
+                        const float v22 = opgen_f16_to_f32(x[ro_x[i14] + i17]);
                         const float v23 = v22 * v22;
                         lane18[l] += v23;
                     }
@@ -93,10 +93,10 @@ static opgen_status_t k_rms_norm_backward_f16(const opgen_buf_t *bufs, const int
                 for (; r29 + 16 <= v6; r29 += 16) {
                     for (int l = 0; l < 16; l++) {
                         const int64_t i27 = r29 + l;
-                        const float v30 = opgen_f16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i27]);
+                        const float v30 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i27]);
                         const float v31 = opgen_f16_to_f32(w[i27 * st_w_0]);
                         const float v32 = v30 * v31;
-                        const float v33 = opgen_f16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i27]);
+                        const float v33 = opgen_f16_to_f32(x[ro_x[i14] + i27]);
                         const float v34 = v32 * v33;
                         lane28[l] += v34;
                     }
@@ -104,10 +104,10 @@ static opgen_status_t k_rms_norm_backward_f16(const opgen_buf_t *bufs, const int
                 for (int l = 0; r29 + l < v6; l++) {
                     {
                         const int64_t i27 = r29 + l;
-                        const float v35 = opgen_f16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i27]);
+                        const float v35 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i27]);
                         const float v36 = opgen_f16_to_f32(w[i27 * st_w_0]);
                         const float v37 = v35 * v36;
-                        const float v38 = opgen_f16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i27]);
+                        const float v38 = opgen_f16_to_f32(x[ro_x[i14] + i27]);
                         const float v39 = v37 * v38;
                         lane28[l] += v39;
                     }
@@ -121,8 +121,8 @@ static opgen_status_t k_rms_norm_backward_f16(const opgen_buf_t *bufs, const int
             const float v40 = l26;
             l25 = v40;
             for (int64_t i41 = v2; i41 < v6; i41++) {
-                const float v42 = opgen_f16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i41]);
-                const float v43 = opgen_f16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i41]);
+                const float v42 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i41]);
+                const float v43 = opgen_f16_to_f32(x[ro_x[i14] + i41]);
                 const float v44 = v42 * v43;
                 const float v45 = l15;
                 const float v46 = v45 / v7;
@@ -140,7 +140,7 @@ static opgen_status_t k_rms_norm_backward_f16(const opgen_buf_t *bufs, const int
                 const float v57 = v56 * v48;
                 const float v58 = v43 * v57;
                 const float v59 = v52 - v58;
-                grad_x[(ro_grad_x ? ro_grad_x[i14] : i14 * st_grad_x_0) + i41] = opgen_f32_to_f16(v59);
+                grad_x[ro_grad_x[i14] + i41] = opgen_f32_to_f16(v59);
             }
         }
         for (int64_t i60 = v2; i60 < v6; i60++) {
@@ -165,6 +165,162 @@ static opgen_status_t k_rms_norm_backward_f16(const opgen_buf_t *bufs, const int
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad_y = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_y_0 = bufs[0].st[0];
+    const int64_t *ro_grad_y = bufs[0].ro;
+    (void)grad_y; (void)st_grad_y_0; (void)ro_grad_y;
+    const uint16_t *restrict x = (const uint16_t *)bufs[1].data;
+    const int64_t st_x_0 = bufs[1].st[0];
+    const int64_t *ro_x = bufs[1].ro;
+    (void)x; (void)st_x_0; (void)ro_x;
+    const uint16_t *restrict w = (const uint16_t *)bufs[2].data;
+    (void)w;
+    const float eps = sc[3].f; (void)eps;
+    uint16_t *restrict grad_x = (uint16_t *)bufs[4].data;
+    const int64_t st_grad_x_0 = bufs[4].st[0];
+    const int64_t *ro_grad_x = bufs[4].ro;
+    (void)grad_x; (void)st_grad_x_0; (void)ro_grad_x;
+    uint16_t *restrict grad_w = (uint16_t *)bufs[5].data;
+    (void)grad_w;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t1 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = ((d_N + 31) / 32);
+    const int64_t v4 = 32ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_D;
+    const float v7 = (float)(v6);
+    const float v8 = eps;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i9 = v2; i9 < v3; i9++) {
+        float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v11 = i9 * v4;
+        const int64_t v12 = v11 + v4;
+        const int64_t v13 = ((v12 < v5 || v12 != v12) ? v12 : v5);
+        for (int64_t i14 = v11; i14 < v13; i14++) {
+            float l15 = 0;
+            float l16 = 0;
+            {
+                float lane18[16];
+                for (int l = 0; l < 16; l++) lane18[l] = l ? 0 : l16;
+                int64_t r19 = v2;
+                for (; r19 + 16 <= v6; r19 += 16) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i17 = r19 + l;
+                        const float v20 = opgen_f16_to_f32(x[ro_x[i14] + i17]);
+                        const float v21 = v20 * v20;
+                        lane18[l] += v21;
+                    }
+                }
+                for (int l = 0; r19 + l < v6; l++) {
+                    {
+                        const int64_t i17 = r19 + l;
+                        const float v22 = opgen_f16_to_f32(x[ro_x[i14] + i17]);
+                        const float v23 = v22 * v22;
+                        lane18[l] += v23;
+                    }
+                }
+                for (int l = 0; l < 8; l++) lane18[l] += lane18[l + 8];
+                for (int l = 0; l < 4; l++) lane18[l] += lane18[l + 4];
+                for (int l = 0; l < 2; l++) lane18[l] += lane18[l + 2];
+                for (int l = 0; l < 1; l++) lane18[l] += lane18[l + 1];
+                l16 = lane18[0];
+            }
+            const float v24 = l16;
+            l15 = v24;
+            float l25 = 0;
+            float l26 = 0;
+            {
+                float lane28[16];
+                for (int l = 0; l < 16; l++) lane28[l] = l ? 0 : l26;
+                int64_t r29 = v2;
+                for (; r29 + 16 <= v6; r29 += 16) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i27 = r29 + l;
+                        const float v30 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i27]);
+                        const float v31 = opgen_f16_to_f32(w[i27]);
+                        const float v32 = v30 * v31;
+                        const float v33 = opgen_f16_to_f32(x[ro_x[i14] + i27]);
+                        const float v34 = v32 * v33;
+                        lane28[l] += v34;
+                    }
+                }
+                for (int l = 0; r29 + l < v6; l++) {
+                    {
+                        const int64_t i27 = r29 + l;
+                        const float v35 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i27]);
+                        const float v36 = opgen_f16_to_f32(w[i27]);
+                        const float v37 = v35 * v36;
+                        const float v38 = opgen_f16_to_f32(x[ro_x[i14] + i27]);
+                        const float v39 = v37 * v38;
+                        lane28[l] += v39;
+                    }
+                }
+                for (int l = 0; l < 8; l++) lane28[l] += lane28[l + 8];
+                for (int l = 0; l < 4; l++) lane28[l] += lane28[l + 4];
+                for (int l = 0; l < 2; l++) lane28[l] += lane28[l + 2];
+                for (int l = 0; l < 1; l++) lane28[l] += lane28[l + 1];
+                l26 = lane28[0];
+            }
+            const float v40 = l26;
+            l25 = v40;
+            for (int64_t i41 = v2; i41 < v6; i41++) {
+                const float v42 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i41]);
+                const float v43 = opgen_f16_to_f32(x[ro_x[i14] + i41]);
+                const float v44 = v42 * v43;
+                const float v45 = l15;
+                const float v46 = v45 / v7;
+                const float v47 = v46 + v8;
+                const float v48 = 1.0f / sqrtf(v47);
+                const float v49 = v44 * v48;
+                l10[i41] += v49;
+                const float v50 = opgen_f16_to_f32(w[i41]);
+                const float v51 = v42 * v50;
+                const float v52 = v51 * v48;
+                const float v53 = l25;
+                const float v54 = v53 / v7;
+                const float v55 = v54 * v48;
+                const float v56 = v55 * v48;
+                const float v57 = v56 * v48;
+                const float v58 = v43 * v57;
+                const float v59 = v52 - v58;
+                grad_x[ro_grad_x[i14] + i41] = opgen_f32_to_f16(v59);
+            }
+        }
+        for (int64_t i60 = v2; i60 < v6; i60++) {
+            const float v61 = l10[i60];
+            t1[i9 * d_D + i60] = v61;
+        }
+    }
+    const int64_t v62 = 0ll;
+    const int64_t v63 = d_D;
+    const int64_t v64 = ((d_N + 31) / 32);
+    #pragma omp parallel for schedule(static)
+    for (int64_t i65 = v62; i65 < v63; i65++) {
+        float l66 = 0;
+        for (int64_t i67 = v62; i67 < v64; i67++) {
+            const float v68 = t1[i67 * d_D + i65];
+            l66 += v68;
+        }
+        const float v69 = l66;
+        grad_w[i65] = opgen_f32_to_f16(v69);
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_rms_norm_backward_f16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[2].st[0] == 1 || dims[1] <= 1) && (bufs[5].st[0] == 1 || dims[1] <= 1)) return k_rms_norm_backward_f16_u(bufs, dims, sc, ws);
+    return k_rms_norm_backward_f16_g(bufs, dims, sc, ws);
+}
+
 static size_t k_rms_norm_backward_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -173,7 +329,7 @@ static size_t k_rms_norm_backward_f32_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_rms_norm_backward_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const float *restrict grad_y = (const float *)bufs[0].data;
     const int64_t st_grad_y_0 = bufs[0].st[0];
     const int64_t *ro_grad_y = bufs[0].ro;
@@ -223,7 +379,7 @@ static opgen_status_t k_rms_norm_backward_f32(const opgen_buf_t *bufs, const int
                 for (; r19 + 16 <= v6; r19 += 16) {
                     for (int l = 0; l < 16; l++) {
                         const int64_t i17 = r19 + l;
-                        const float v20 = x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i17];
+                        const float v20 = x[ro_x[i14] + i17];
                         const float v21 = v20 * v20;
                         lane18[l] += v21;
                     }
@@ -231,7 +387,7 @@ static opgen_status_t k_rms_norm_backward_f32(const opgen_buf_t *bufs, const int
                 for (int l = 0; r19 + l < v6; l++) {
                     {
                         const int64_t i17 = r19 + l;
-                        const float v22 = x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i17];
+                        const float v22 = x[ro_x[i14] + i17];
                         const float v23 = v22 * v22;
                         lane18[l] += v23;
                     }
@@ -253,10 +409,10 @@ static opgen_status_t k_rms_norm_backward_f32(const opgen_buf_t *bufs, const int
                 for (; r29 + 16 <= v6; r29 += 16) {
                     for (int l = 0; l < 16; l++) {
                         const int64_t i27 = r29 + l;
-                        const float v30 = grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i27];
+                        const float v30 = grad_y[ro_grad_y[i14] + i27];
                         const float v31 = w[i27 * st_w_0];
                         const float v32 = v30 * v31;
-                        const float v33 = x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i27];
+                        const float v33 = x[ro_x[i14] + i27];
                         const float v34 = v32 * v33;
                         lane28[l] += v34;
                     }
@@ -264,10 +420,10 @@ static opgen_status_t k_rms_norm_backward_f32(const opgen_buf_t *bufs, const int
                 for (int l = 0; r29 + l < v6; l++) {
                     {
                         const int64_t i27 = r29 + l;
-                        const float v35 = grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i27];
+                        const float v35 = grad_y[ro_grad_y[i14] + i27];
                         const float v36 = w[i27 * st_w_0];
                         const float v37 = v35 * v36;
-                        const float v38 = x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i27];
+                        const float v38 = x[ro_x[i14] + i27];
                         const float v39 = v37 * v38;
                         lane28[l] += v39;
                     }
@@ -281,8 +437,8 @@ static opgen_status_t k_rms_norm_backward_f32(const opgen_buf_t *bufs, const int
             const float v40 = l26;
             l25 = v40;
             for (int64_t i41 = v2; i41 < v6; i41++) {
-                const float v42 = grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i41];
-                const float v43 = x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i41];
+                const float v42 = grad_y[ro_grad_y[i14] + i41];
+                const float v43 = x[ro_x[i14] + i41];
                 const float v44 = v42 * v43;
                 const float v45 = l15;
                 const float v46 = v45 / v7;
@@ -300,7 +456,7 @@ static opgen_status_t k_rms_norm_backward_f32(const opgen_buf_t *bufs, const int
                 const float v57 = v56 * v48;
                 const float v58 = v43 * v57;
                 const float v59 = v52 - v58;
-                grad_x[(ro_grad_x ? ro_grad_x[i14] : i14 * st_grad_x_0) + i41] = v59;
+                grad_x[ro_grad_x[i14] + i41] = v59;
             }
         }
         for (int64_t i60 = v2; i60 < v6; i60++) {
@@ -325,6 +481,162 @@ static opgen_status_t k_rms_norm_backward_f32(const opgen_buf_t *bufs, const int
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const float *restrict grad_y = (const float *)bufs[0].data;
+    const int64_t st_grad_y_0 = bufs[0].st[0];
+    const int64_t *ro_grad_y = bufs[0].ro;
+    (void)grad_y; (void)st_grad_y_0; (void)ro_grad_y;
+    const float *restrict x = (const float *)bufs[1].data;
+    const int64_t st_x_0 = bufs[1].st[0];
+    const int64_t *ro_x = bufs[1].ro;
+    (void)x; (void)st_x_0; (void)ro_x;
+    const float *restrict w = (const float *)bufs[2].data;
+    (void)w;
+    const float eps = sc[3].f; (void)eps;
+    float *restrict grad_x = (float *)bufs[4].data;
+    const int64_t st_grad_x_0 = bufs[4].st[0];
+    const int64_t *ro_grad_x = bufs[4].ro;
+    (void)grad_x; (void)st_grad_x_0; (void)ro_grad_x;
+    float *restrict grad_w = (float *)bufs[5].data;
+    (void)grad_w;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t1 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = ((d_N + 31) / 32);
+    const int64_t v4 = 32ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_D;
+    const float v7 = (float)(v6);
+    const float v8 = eps;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i9 = v2; i9 < v3; i9++) {
+        float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v11 = i9 * v4;
+        const int64_t v12 = v11 + v4;
+        const int64_t v13 = ((v12 < v5 || v12 != v12) ? v12 : v5);
+        for (int64_t i14 = v11; i14 < v13; i14++) {
+            float l15 = 0;
+            float l16 = 0;
+            {
+                float lane18[16];
+                for (int l = 0; l < 16; l++) lane18[l] = l ? 0 : l16;
+                int64_t r19 = v2;
+                for (; r19 + 16 <= v6; r19 += 16) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i17 = r19 + l;
+                        const float v20 = x[ro_x[i14] + i17];
+                        const float v21 = v20 * v20;
+                        lane18[l] += v21;
+                    }
+                }
+                for (int l = 0; r19 + l < v6; l++) {
+                    {
+                        const int64_t i17 = r19 + l;
+                        const float v22 = x[ro_x[i14] + i17];
+                        const float v23 = v22 * v22;
+                        lane18[l] += v23;
+                    }
+                }
+                for (int l = 0; l < 8; l++) lane18[l] += lane18[l + 8];
+                for (int l = 0; l < 4; l++) lane18[l] += lane18[l + 4];
+                for (int l = 0; l < 2; l++) lane18[l] += lane18[l + 2];
+                for (int l = 0; l < 1; l++) lane18[l] += lane18[l + 1];
+                l16 = lane18[0];
+            }
+            const float v24 = l16;
+            l15 = v24;
+            float l25 = 0;
+            float l26 = 0;
+            {
+                float lane28[16];
+                for (int l = 0; l < 16; l++) lane28[l] = l ? 0 : l26;
+                int64_t r29 = v2;
+                for (; r29 + 16 <= v6; r29 += 16) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i27 = r29 + l;
+                        const float v30 = grad_y[ro_grad_y[i14] + i27];
+                        const float v31 = w[i27];
+                        const float v32 = v30 * v31;
+                        const float v33 = x[ro_x[i14] + i27];
+                        const float v34 = v32 * v33;
+                        lane28[l] += v34;
+                    }
+                }
+                for (int l = 0; r29 + l < v6; l++) {
+                    {
+                        const int64_t i27 = r29 + l;
+                        const float v35 = grad_y[ro_grad_y[i14] + i27];
+                        const float v36 = w[i27];
+                        const float v37 = v35 * v36;
+                        const float v38 = x[ro_x[i14] + i27];
+                        const float v39 = v37 * v38;
+                        lane28[l] += v39;
+                    }
+                }
+                for (int l = 0; l < 8; l++) lane28[l] += lane28[l + 8];
+                for (int l = 0; l < 4; l++) lane28[l] += lane28[l + 4];
+                for (int l = 0; l < 2; l++) lane28[l] += lane28[l + 2];
+                for (int l = 0; l < 1; l++) lane28[l] += lane28[l + 1];
+                l26 = lane28[0];
+            }
+            const float v40 = l26;
+            l25 = v40;
+            for (int64_t i41 = v2; i41 < v6; i41++) {
+                const float v42 = grad_y[ro_grad_y[i14] + i41];
+                const float v43 = x[ro_x[i14] + i41];
+                const float v44 = v42 * v43;
+                const float v45 = l15;
+                const float v46 = v45 / v7;
+                const float v47 = v46 + v8;
+                const float v48 = 1.0f / sqrtf(v47);
+                const float v49 = v44 * v48;
+                l10[i41] += v49;
+                const float v50 = w[i41];
+                const float v51 = v42 * v50;
+                const float v52 = v51 * v48;
+                const float v53 = l25;
+                const float v54 = v53 / v7;
+                const float v55 = v54 * v48;
+                const float v56 = v55 * v48;
+                const float v57 = v56 * v48;
+                const float v58 = v43 * v57;
+                const float v59 = v52 - v58;
+                grad_x[ro_grad_x[i14] + i41] = v59;
+            }
+        }
+        for (int64_t i60 = v2; i60 < v6; i60++) {
+            const float v61 = l10[i60];
+            t1[i9 * d_D + i60] = v61;
+        }
+    }
+    const int64_t v62 = 0ll;
+    const int64_t v63 = d_D;
+    const int64_t v64 = ((d_N + 31) / 32);
+    #pragma omp parallel for schedule(static)
+    for (int64_t i65 = v62; i65 < v63; i65++) {
+        float l66 = 0;
+        for (int64_t i67 = v62; i67 < v64; i67++) {
+            const float v68 = t1[i67 * d_D + i65];
+            l66 += v68;
+        }
+        const float v69 = l66;
+        grad_w[i65] = v69;
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_rms_norm_backward_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[2].st[0] == 1 || dims[1] <= 1) && (bufs[5].st[0] == 1 || dims[1] <= 1)) return k_rms_norm_backward_f32_u(bufs, dims, sc, ws);
+    return k_rms_norm_backward_f32_g(bufs, dims, sc, ws);
+}
+
 static size_t k_rms_norm_backward_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -333,7 +645,7 @@ static size_t k_rms_norm_backward_bf16_ws(const int64_t *dims) {
     off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     return off;
 }
-static opgen_status_t k_rms_norm_backward_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+__attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
     const uint16_t *restrict grad_y = (const uint16_t *)bufs[0].data;
     const int64_t st_grad_y_0 = bufs[0].st[0];
     const int64_t *ro_grad_y = bufs[0].ro;
@@ -383,7 +695,7 @@ static opgen_status_t k_rms_norm_backward_bf16(const opgen_buf_t *bufs, const in
                 for (; r19 + 16 <= v6; r19 += 16) {
                     for (int l = 0; l < 16; l++) {
                         const int64_t i17 = r19 + l;
-                        const float v20 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i17]);
+                        const float v20 = opgen_bf16_to_f32(x[ro_x[i14] + i17]);
                         const float v21 = v20 * v20;
                         lane18[l] += v21;
                     }
@@ -391,7 +703,7 @@ static opgen_status_t k_rms_norm_backward_bf16(const opgen_buf_t *bufs, const in
                 for (int l = 0; r19 + l < v6; l++) {
                     {
                         const int64_t i17 = r19 + l;
-                        const float v22 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i17]);
+                        const float v22 = opgen_bf16_to_f32(x[ro_x[i14] + i17]);
                         const float v23 = v22 * v22;
                         lane18[l] += v23;
                     }
@@ -413,10 +725,10 @@ static opgen_status_t k_rms_norm_backward_bf16(const opgen_buf_t *bufs, const in
                 for (; r29 + 16 <= v6; r29 += 16) {
                     for (int l = 0; l < 16; l++) {
                         const int64_t i27 = r29 + l;
-                        const float v30 = opgen_bf16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i27]);
+                        const float v30 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i27]);
                         const float v31 = opgen_bf16_to_f32(w[i27 * st_w_0]);
                         const float v32 = v30 * v31;
-                        const float v33 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i27]);
+                        const float v33 = opgen_bf16_to_f32(x[ro_x[i14] + i27]);
                         const float v34 = v32 * v33;
                         lane28[l] += v34;
                     }
@@ -424,10 +736,10 @@ static opgen_status_t k_rms_norm_backward_bf16(const opgen_buf_t *bufs, const in
                 for (int l = 0; r29 + l < v6; l++) {
                     {
                         const int64_t i27 = r29 + l;
-                        const float v35 = opgen_bf16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i27]);
+                        const float v35 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i27]);
                         const float v36 = opgen_bf16_to_f32(w[i27 * st_w_0]);
                         const float v37 = v35 * v36;
-                        const float v38 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i27]);
+                        const float v38 = opgen_bf16_to_f32(x[ro_x[i14] + i27]);
                         const float v39 = v37 * v38;
                         lane28[l] += v39;
                     }
@@ -441,8 +753,8 @@ static opgen_status_t k_rms_norm_backward_bf16(const opgen_buf_t *bufs, const in
             const float v40 = l26;
             l25 = v40;
             for (int64_t i41 = v2; i41 < v6; i41++) {
-                const float v42 = opgen_bf16_to_f32(grad_y[(ro_grad_y ? ro_grad_y[i14] : i14 * st_grad_y_0) + i41]);
-                const float v43 = opgen_bf16_to_f32(x[(ro_x ? ro_x[i14] : i14 * st_x_0) + i41]);
+                const float v42 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i41]);
+                const float v43 = opgen_bf16_to_f32(x[ro_x[i14] + i41]);
                 const float v44 = v42 * v43;
                 const float v45 = l15;
                 const float v46 = v45 / v7;
@@ -460,7 +772,7 @@ static opgen_status_t k_rms_norm_backward_bf16(const opgen_buf_t *bufs, const in
                 const float v57 = v56 * v48;
                 const float v58 = v43 * v57;
                 const float v59 = v52 - v58;
-                grad_x[(ro_grad_x ? ro_grad_x[i14] : i14 * st_grad_x_0) + i41] = opgen_f32_to_bf16(v59);
+                grad_x[ro_grad_x[i14] + i41] = opgen_f32_to_bf16(v59);
             }
         }
         for (int64_t i60 = v2; i60 < v6; i60++) {
@@ -483,6 +795,162 @@ static opgen_status_t k_rms_norm_backward_bf16(const opgen_buf_t *bufs, const in
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    const uint16_t *restrict grad_y = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_y_0 = bufs[0].st[0];
+    const int64_t *ro_grad_y = bufs[0].ro;
+    (void)grad_y; (void)st_grad_y_0; (void)ro_grad_y;
+    const uint16_t *restrict x = (const uint16_t *)bufs[1].data;
+    const int64_t st_x_0 = bufs[1].st[0];
+    const int64_t *ro_x = bufs[1].ro;
+    (void)x; (void)st_x_0; (void)ro_x;
+    const uint16_t *restrict w = (const uint16_t *)bufs[2].data;
+    (void)w;
+    const float eps = sc[3].f; (void)eps;
+    uint16_t *restrict grad_x = (uint16_t *)bufs[4].data;
+    const int64_t st_grad_x_0 = bufs[4].st[0];
+    const int64_t *ro_grad_x = bufs[4].ro;
+    (void)grad_x; (void)st_grad_x_0; (void)ro_grad_x;
+    uint16_t *restrict grad_w = (uint16_t *)bufs[5].data;
+    (void)grad_w;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    size_t off = 0;
+    char *wp = ws;
+    float *restrict t1 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    const int64_t v3 = ((d_N + 31) / 32);
+    const int64_t v4 = 32ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_D;
+    const float v7 = (float)(v6);
+    const float v8 = eps;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i9 = v2; i9 < v3; i9++) {
+        float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v11 = i9 * v4;
+        const int64_t v12 = v11 + v4;
+        const int64_t v13 = ((v12 < v5 || v12 != v12) ? v12 : v5);
+        for (int64_t i14 = v11; i14 < v13; i14++) {
+            float l15 = 0;
+            float l16 = 0;
+            {
+                float lane18[16];
+                for (int l = 0; l < 16; l++) lane18[l] = l ? 0 : l16;
+                int64_t r19 = v2;
+                for (; r19 + 16 <= v6; r19 += 16) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i17 = r19 + l;
+                        const float v20 = opgen_bf16_to_f32(x[ro_x[i14] + i17]);
+                        const float v21 = v20 * v20;
+                        lane18[l] += v21;
+                    }
+                }
+                for (int l = 0; r19 + l < v6; l++) {
+                    {
+                        const int64_t i17 = r19 + l;
+                        const float v22 = opgen_bf16_to_f32(x[ro_x[i14] + i17]);
+                        const float v23 = v22 * v22;
+                        lane18[l] += v23;
+                    }
+                }
+                for (int l = 0; l < 8; l++) lane18[l] += lane18[l + 8];
+                for (int l = 0; l < 4; l++) lane18[l] += lane18[l + 4];
+                for (int l = 0; l < 2; l++) lane18[l] += lane18[l + 2];
+                for (int l = 0; l < 1; l++) lane18[l] += lane18[l + 1];
+                l16 = lane18[0];
+            }
+            const float v24 = l16;
+            l15 = v24;
+            float l25 = 0;
+            float l26 = 0;
+            {
+                float lane28[16];
+                for (int l = 0; l < 16; l++) lane28[l] = l ? 0 : l26;
+                int64_t r29 = v2;
+                for (; r29 + 16 <= v6; r29 += 16) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i27 = r29 + l;
+                        const float v30 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i27]);
+                        const float v31 = opgen_bf16_to_f32(w[i27]);
+                        const float v32 = v30 * v31;
+                        const float v33 = opgen_bf16_to_f32(x[ro_x[i14] + i27]);
+                        const float v34 = v32 * v33;
+                        lane28[l] += v34;
+                    }
+                }
+                for (int l = 0; r29 + l < v6; l++) {
+                    {
+                        const int64_t i27 = r29 + l;
+                        const float v35 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i27]);
+                        const float v36 = opgen_bf16_to_f32(w[i27]);
+                        const float v37 = v35 * v36;
+                        const float v38 = opgen_bf16_to_f32(x[ro_x[i14] + i27]);
+                        const float v39 = v37 * v38;
+                        lane28[l] += v39;
+                    }
+                }
+                for (int l = 0; l < 8; l++) lane28[l] += lane28[l + 8];
+                for (int l = 0; l < 4; l++) lane28[l] += lane28[l + 4];
+                for (int l = 0; l < 2; l++) lane28[l] += lane28[l + 2];
+                for (int l = 0; l < 1; l++) lane28[l] += lane28[l + 1];
+                l26 = lane28[0];
+            }
+            const float v40 = l26;
+            l25 = v40;
+            for (int64_t i41 = v2; i41 < v6; i41++) {
+                const float v42 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i41]);
+                const float v43 = opgen_bf16_to_f32(x[ro_x[i14] + i41]);
+                const float v44 = v42 * v43;
+                const float v45 = l15;
+                const float v46 = v45 / v7;
+                const float v47 = v46 + v8;
+                const float v48 = 1.0f / sqrtf(v47);
+                const float v49 = v44 * v48;
+                l10[i41] += v49;
+                const float v50 = opgen_bf16_to_f32(w[i41]);
+                const float v51 = v42 * v50;
+                const float v52 = v51 * v48;
+                const float v53 = l25;
+                const float v54 = v53 / v7;
+                const float v55 = v54 * v48;
+                const float v56 = v55 * v48;
+                const float v57 = v56 * v48;
+                const float v58 = v43 * v57;
+                const float v59 = v52 - v58;
+                grad_x[ro_grad_x[i14] + i41] = opgen_f32_to_bf16(v59);
+            }
+        }
+        for (int64_t i60 = v2; i60 < v6; i60++) {
+            const float v61 = l10[i60];
+            t1[i9 * d_D + i60] = v61;
+        }
+    }
+    const int64_t v62 = 0ll;
+    const int64_t v63 = d_D;
+    const int64_t v64 = ((d_N + 31) / 32);
+    #pragma omp parallel for schedule(static)
+    for (int64_t i65 = v62; i65 < v63; i65++) {
+        float l66 = 0;
+        for (int64_t i67 = v62; i67 < v64; i67++) {
+            const float v68 = t1[i67 * d_D + i65];
+            l66 += v68;
+        }
+        const float v69 = l66;
+        grad_w[i65] = opgen_f32_to_bf16(v69);
+    }
+    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_rms_norm_backward_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
+    /* every caller buffer's last dim contiguous: the vectorisable flavour */
+    if ((bufs[2].st[0] == 1 || dims[1] <= 1) && (bufs[5].st[0] == 1 || dims[1] <= 1)) return k_rms_norm_backward_bf16_u(bufs, dims, sc, ws);
+    return k_rms_norm_backward_bf16_g(bufs, dims, sc, ws);
 }
 
 static const opgen_param_t P_rms_norm_backward[] = {

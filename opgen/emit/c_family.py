@@ -57,10 +57,13 @@ class CPrinter:
     """Prints one kernel instantiation. Subclasses override the ``*_hook`` methods."""
 
     restrict = "restrict"
+    fn_attr = ""
 
     def __init__(self, kernel: s.KernelOp, binding: dict[str, DType], fn_name: str,
                  buf_info: dict[str, BufInfo], dim_ids: dict[str, int], param_index: dict[str, int]):
         self.param_index = param_index
+        self.unit_last = False  # assume every caller buffer's last dim has stride 1
+        self.with_ws = True  # also print the workspace-size function
         self.k = kernel
         self.binding = binding
         self.fn_name = fn_name
@@ -123,8 +126,8 @@ class CPrinter:
             if b.role.data in ("in", "out"):
                 assert info is not None
                 if i == 0 and info.batch:
-                    terms.append(f"(ro_{bn} ? ro_{bn}[{iv}] : {iv} * st_{bn}_0)")
-                elif i == b.rank - 1 and info.last_contig:
+                    terms.append(f"ro_{bn}[{iv}]")
+                elif i == b.rank - 1 and (info.last_contig or self.unit_last):
                     terms.append(iv)
                 else:
                     terms.append(f"{iv} * st_{bn}_{i}")
@@ -185,7 +188,7 @@ class CPrinter:
             i = self.name(op.i)
             if self.dtype(b.dtype) == dtypes.BOOL:
                 return f"{self.name(op.buf)}[{self.offset(op.buf, [op.i])}]"
-            byte = f"{self.name(op.buf)}[({i} >> 3) * st_{self.name(op.buf)}_0]"
+            byte = f"{self.name(op.buf)}[{self._raw_offset(op.buf, (f'({i} >> 3)',))}]"
             return f"(bool)(({byte} >> ({i} & 7)) & 1)"
         if isinstance(op, s.FlagsOp):
             return "8ll" if self.dtype(s.buf_type(op.buf).dtype) == dtypes.U8 else "1ll"
@@ -410,6 +413,20 @@ class CPrinter:
         """Emitted before an outermost parallel loop (OpenMP on the CPU)."""
 
     # ------------------------------------------------------------------ function
+    def unit_last_check(self) -> str:
+        """C condition under which the ``unit_last`` flavour is valid."""
+        conds = []
+        for n, a in zip((x.data for x in self.k.arg_names.data), self.k.body.block.args, strict=True):
+            t = a.type
+            if isinstance(t, s.BufType) and t.rank >= 1:
+                info = self.buf_info[n]
+                if info.last_contig or (t.rank == 1 and info.batch):
+                    continue
+                last = t.shape[-1]
+                size = last + "ll" if last.isdigit() else f"dims[{self.dim_ids[last]}]"
+                conds.append(f"(bufs[{info.param_index}].st[{t.rank - 1}] == 1 || {size} <= 1)")
+        return " && ".join(conds) or "1"
+
     def print(self) -> str:
         names = [a.data for a in self.k.arg_names.data]
         prologue: list[str] = []
@@ -423,7 +440,7 @@ class CPrinter:
                 prologue.append(f"{const}{ct} *{self.restrict} {n} = ({const}{ct} *)bufs[{info.param_index}].data;")
                 used = [n]
                 for i in range(t.rank):
-                    if not (i == t.rank - 1 and info.last_contig):
+                    if not (i == t.rank - 1 and (info.last_contig or self.unit_last)):
                         prologue.append(f"const int64_t st_{n}_{i} = bufs[{info.param_index}].st[{i}];")
                         used.append(f"st_{n}_{i}")
                 if info.batch:
@@ -448,11 +465,13 @@ class CPrinter:
                          f"off += opgen_align(sizeof({ct}) * {count} * (size_t)opgen_threads());")
             ws_lines.append(f"off += opgen_align(sizeof({ct}) * {count} * (size_t)opgen_threads());")
         dims_decl = [f"const int64_t d_{d} = dims[{i}]; (void)d_{d};" for d, i in self.dim_ids.items()]
-        out = [f"static size_t {self.fn_name}_ws(const int64_t *dims) {{"]
-        out += ["    " + x for x in dims_decl + ws_lines + ["return off;"]]
-        out.append("}")
-        out.append(f"static opgen_status_t {self.fn_name}(const opgen_buf_t *bufs, const int64_t *dims, "
-                   f"const opgen_scalar_t *sc, char *ws) {{")
+        out = []
+        if self.with_ws:
+            out = [f"static size_t {self.fn_name}_ws(const int64_t *dims) {{"]
+            out += ["    " + x for x in dims_decl + ws_lines + ["return off;"]]
+            out.append("}")
+        out.append(f"{self.fn_attr}static opgen_status_t {self.fn_name}(const opgen_buf_t *bufs, "
+                   f"const int64_t *dims, const opgen_scalar_t *sc, char *ws) {{")
         out += ["    " + x for x in prologue]
         out += ["    size_t off = 0;"] + ["    " + x for x in carve]
         out += body

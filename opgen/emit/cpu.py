@@ -100,8 +100,20 @@ def op_source(o: OpDef) -> str:
     for present, k in ks.items():
         for b in bindings(o):
             fn = "k_" + o.variant_name(present) + "".join(f"_{b[v].name}" for v in dvars)
-            printer = CpuPrinter(k, b, fn, info, dim_ids, pidx)
-            parts.append(printer.print())
+            fast = CpuPrinter(k, b, fn + "_u", info, dim_ids, pidx)
+            fast.unit_last = True
+            fast.with_ws = False
+            generic = CpuPrinter(k, b, fn, info, dim_ids, pidx)
+            generic.fn_name = fn + "_g"
+            generic.fn_attr = '__attribute__((optimize("O1"))) '
+            parts.append(generic.print().replace(f"static size_t {fn}_g_ws", f"static size_t {fn}_ws"))
+            parts.append(fast.print())
+            parts.append(
+                f"static opgen_status_t {fn}(const opgen_buf_t *bufs, const int64_t *dims, "
+                f"const opgen_scalar_t *sc, char *ws) {{\n"
+                f"    /* every caller buffer's last dim contiguous: the vectorisable flavour */\n"
+                f"    if ({fast.unit_last_check()}) return {fn}_u(bufs, dims, sc, ws);\n"
+                f"    return {fn}_g(bufs, dims, sc, ws);\n}}\n")
             inst.setdefault(present, []).append(Instance(present, b, fn))
     # signature table
     rows = []
