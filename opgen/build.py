@@ -37,14 +37,15 @@ def generate_cpu(o: OpDef) -> dict[str, str]:
 
 
 def generate_common(ops: list[OpDef]) -> dict[str, str]:
-    """Files shared by all ops: the public header and the CPU runtime."""
-    from opgen.emit import cpu, render
+    """Files shared by all ops: the public header, the CPU runtime and the vendor facades."""
+    from opgen.emit import cpu, facades, render
 
     infos = [cpu.header_info(o) for o in ops]
     return {
         "include/opgen.h": render.render("include/opgen.h.j2", ops=infos),
         "cpu/opgen_rt.h": render.render("cpu/opgen_rt.h.j2"),
         "cpu/opgen_rt.c": render.render("cpu/opgen_rt.c.j2"),
+        **facades.generate(ops),
     }
 
 

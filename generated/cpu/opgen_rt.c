@@ -44,6 +44,81 @@ void opgen_segments(const int64_t *idx, int64_t n, int64_t rows, int64_t *start,
     start[rows] = n;
 }
 
+/* ---- f32 GEMM: packed panels and an MR x NR register tile (auto-vectorised) ---- */
+#define OPGEN_MR 8
+#define OPGEN_NR 32
+#define OPGEN_KC 256
+
+static void pack_a(int64_t mr, int64_t kc, const float *A, int64_t ars, int64_t acs, float *restrict p) {
+    for (int64_t k = 0; k < kc; k++)
+        for (int64_t i = 0; i < OPGEN_MR; i++) p[k * OPGEN_MR + i] = i < mr ? A[i * ars + k * acs] : 0.0f;
+}
+
+static void pack_b(int64_t nr, int64_t kc, const float *B, int64_t brs, int64_t bcs, float *restrict p) {
+    for (int64_t k = 0; k < kc; k++)
+        for (int64_t j = 0; j < OPGEN_NR; j++) p[k * OPGEN_NR + j] = j < nr ? B[k * brs + j * bcs] : 0.0f;
+}
+
+#if defined(__AVX512F__)
+__attribute__((target("prefer-vector-width=512")))
+#endif
+static void ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+                    int64_t ldc, int64_t mr, int64_t nr, int acc) {
+    float t[OPGEN_MR][OPGEN_NR];
+    for (int i = 0; i < OPGEN_MR; i++)
+        for (int j = 0; j < OPGEN_NR; j++) t[i][j] = 0.0f;
+    for (int64_t k = 0; k < kc; k++) {
+        const float *bk = b + k * OPGEN_NR;
+        _Pragma("GCC unroll 8") for (int i = 0; i < OPGEN_MR; i++) {
+            const float ai = a[k * OPGEN_MR + i];
+            _Pragma("GCC unroll 32") for (int j = 0; j < OPGEN_NR; j++) t[i][j] += ai * bk[j];
+        }
+    }
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nr; j++) c[i * ldc + j] = acc ? c[i * ldc + j] + t[i][j] : t[i][j];
+}
+
+void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
+                 const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+    if (m <= 0 || n <= 0) return;
+    if (k <= 0) {
+        if (!accumulate)
+            for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)n);
+        return;
+    }
+    int64_t kc_max = k < OPGEN_KC ? k : OPGEN_KC;
+    int64_t npan = (n + OPGEN_NR - 1) / OPGEN_NR;
+    float *pa = (float *)malloc(sizeof(float) * OPGEN_MR * (size_t)kc_max);
+    float *pb = (float *)malloc(sizeof(float) * OPGEN_NR * (size_t)kc_max * (size_t)npan);
+    if (!pa || !pb) { /* fall back to the plain triple loop */
+        free(pa);
+        free(pb);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                float s = accumulate ? C[i * ldc + j] : 0.0f;
+                for (int64_t q = 0; q < k; q++) s += A[i * ars + q * acs] * B[q * brs + j * bcs];
+                C[i * ldc + j] = s;
+            }
+        return;
+    }
+    for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
+        int64_t kc = k - k0 < OPGEN_KC ? k - k0 : OPGEN_KC;
+        int acc = accumulate || k0 > 0;
+        for (int64_t j0 = 0; j0 < n; j0 += OPGEN_NR)
+            pack_b(n - j0 < OPGEN_NR ? n - j0 : OPGEN_NR, kc, B + k0 * brs + j0 * bcs, brs, bcs,
+                   pb + (j0 / OPGEN_NR) * OPGEN_NR * kc);
+        for (int64_t i0 = 0; i0 < m; i0 += OPGEN_MR) {
+            int64_t mr = m - i0 < OPGEN_MR ? m - i0 : OPGEN_MR;
+            pack_a(mr, kc, A + i0 * ars + k0 * acs, ars, acs, pa);
+            for (int64_t j0 = 0; j0 < n; j0 += OPGEN_NR)
+                ukernel(kc, pa, pb + (j0 / OPGEN_NR) * OPGEN_NR * kc, C + i0 * ldc + j0, ldc, mr,
+                        n - j0 < OPGEN_NR ? n - j0 : OPGEN_NR, acc);
+        }
+    }
+    free(pa);
+    free(pb);
+}
+
 typedef struct {
     int64_t lo, hi; /* byte extent [lo, hi) of a tensor's elements, hi == lo when empty */
 } opgen_extent_t;

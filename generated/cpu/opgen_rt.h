@@ -77,6 +77,12 @@ opgen_status_t opgen_fail(opgen_status_t st, const char *fmt, ...);
 /* Stable counting sort of n indices (already range-checked) into rows segments. */
 void opgen_segments(const int64_t *idx, int64_t n, int64_t rows, int64_t *start, int64_t *order);
 
+/* C[m x n] (= or +=) op(A) @ op(B) in f32; element (i, k) of op(A) is A[i * ars + k * acs],
+ * (k, j) of op(B) is B[k * brs + j * bcs]; C row-major with leading dimension ldc. The k sum runs
+ * in a fixed order (blocks of OPGEN_KC), so results do not depend on threads or alignment. */
+void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
+                 const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+
 static inline size_t opgen_align(size_t x) { return (x + 63) & ~(size_t)63; }
 
 /* f16 / bf16 <-> f32 with round-to-nearest-even (NaN stays NaN). */

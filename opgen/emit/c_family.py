@@ -246,6 +246,8 @@ class CPrinter:
             self.stmt(op)
 
     def stmt(self, op: Operation) -> None:  # noqa: PLR0912
+        if op.results and not any(r.uses for r in op.results):
+            return  # a dead value or an unused scratch buffer: nothing to print
         if isinstance(op, s.ForOp):
             self.loop(op)
         elif isinstance(op, s.AllocOp):
@@ -362,28 +364,39 @@ class CPrinter:
     def matmul(self, op: s.MatmulOp) -> None:
         a, b, c = op.a, op.b, op.c
         ta, tb = (t.data for t in op.trans.data)
-        cb = s.buf_type(c)
-        m_dim, n_dim = cb.shape
-        ab = s.buf_type(a)
-        k_dim = ab.shape[0] if ta else ab.shape[1]
-        i, j, k = self.fresh("i"), self.fresh("j"), self.fresh("k")
-        fake = {}
-        for v, nm in ((a, "A"), (b, "B")):
-            fake[nm] = v
+        m, n, k = self.name(op.m), self.name(op.n), self.name(op.k)
+        acc_flag = op.accumulate.data
+        bufs = [s.buf_type(x) for x in (a, b, c)]
+        f32 = all(self.dtype(t.dtype).compute == dtypes.F32 for t in bufs)
+        if f32 and all(t.role.data in ("local", "temp") for t in bufs):
+            def strides(t: s.BufType, trans: int) -> tuple[str, str]:
+                ld = self.dim(t.shape[1])
+                return ("1", ld) if trans else (ld, "1")
+
+            ars, acs = strides(bufs[0], ta)
+            brs, bcs = strides(bufs[1], tb)
+            self.line(f"opgen_sgemm({m}, {n}, {k}, {self.name(a)}, {ars}, {acs}, {self.name(b)}, {brs}, "
+                      f"{bcs}, {self.name(c)}, {self.dim(bufs[2].shape[1])}, {acc_flag});")
+            return
+        i, j, kk = self.fresh("i"), self.fresh("j"), self.fresh("k")
         acc = self.fresh("acc")
-        ct = self.ctype(cb.dtype)
+        ct = self.ctype(bufs[2].dtype)
         self.parallel_pragma_hook()
-        self.line(f"for (int64_t {i} = 0; {i} < {self.dim(m_dim)}; {i}++) {{")
-        self.line(f"    for (int64_t {j} = 0; {j} < {self.dim(n_dim)}; {j}++) {{")
-        self.line(f"        {ct} {acc} = 0;")
-        self.line(f"        for (int64_t {k} = 0; {k} < {self.dim(k_dim)}; {k}++)")
-        ea = self._elem(a, (k, i) if ta else (i, k))
-        eb = self._elem(b, (j, k) if tb else (k, j))
+        self.line(f"for (int64_t {i} = 0; {i} < {m}; {i}++) {{")
+        self.line(f"    for (int64_t {j} = 0; {j} < {n}; {j}++) {{")
+        init = self.load_expr_named(c, (i, j)) if acc_flag else "0"
+        self.line(f"        {ct} {acc} = {init};")
+        self.line(f"        for (int64_t {kk} = 0; {kk} < {k}; {kk}++)")
+        ea = self._elem(a, (kk, i) if ta else (i, kk))
+        eb = self._elem(b, (j, kk) if tb else (kk, j))
         self.line(f"            {acc} += ({ct}){ea} * ({ct}){eb};")
         self.line(f"        {self.name(c)}[{self._raw_offset(c, (i, j))}] = "
-                  f"{self.store_value(cb, acc, cb.dtype)};")
+                  f"{self.store_value(bufs[2], acc, bufs[2].dtype)};")
         self.line("    }")
         self.line("}")
+
+    def load_expr_named(self, buf: SSAValue, idx: tuple[str, ...]) -> str:
+        return self._elem(buf, idx)
 
     def _raw_offset(self, buf: SSAValue, idx: tuple[str, ...]) -> str:
         tmp = []

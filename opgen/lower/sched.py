@@ -301,17 +301,29 @@ class FailOp(IRDLOperation):
 
 @irdl_op_definition
 class MatmulOp(IRDLOperation):
-    """``C (=|+=) op(A) @ op(B)`` on 2-D buffers; ``trans`` flags per operand."""
+    """``C[:m, :n] (= | +=) op(A)[:m, :k] @ op(B)[:k, :n]`` on 2-D buffers (``trans`` per operand;
+    ``accumulate`` adds to C). Accumulation is in the compute type, in a fixed k order."""
 
     name = "sched.matmul"
     a = operand_def(BufType)
     b = operand_def(BufType)
     c = operand_def(BufType)
+    m = operand_def(TensorType)
+    n = operand_def(TensorType)
+    k = operand_def(TensorType)
     trans = prop_def(ArrayAttr[IntAttr])
+    accumulate = prop_def(IntAttr)
 
-    def __init__(self, a: SSAValue, b: SSAValue, c: SSAValue, trans_a: bool, trans_b: bool):
-        super().__init__(operands=[a, b, c],
-                         properties={"trans": ArrayAttr([IntAttr(int(trans_a)), IntAttr(int(trans_b))])})
+    def __init__(self, a: SSAValue, b: SSAValue, c: SSAValue, m: SSAValue, n: SSAValue, k: SSAValue,
+                 trans_a: bool, trans_b: bool, accumulate: bool = False):
+        super().__init__(operands=[a, b, c, m, n, k],
+                         properties={"trans": ArrayAttr([IntAttr(int(trans_a)), IntAttr(int(trans_b))]),
+                                     "accumulate": IntAttr(int(accumulate))})
+
+    def verify_(self) -> None:
+        for v in (self.a, self.b, self.c):
+            if buf_type(v).rank != 2:
+                raise VerifyException("sched.matmul: operands must be 2-D buffers")
 
 
 Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, LoadOp, LoadBitOp, FlagsOp, StoreOp, AccumOp, SegmentsOp,

@@ -339,7 +339,10 @@ class _Lowering:
             return self.buf[v], False
 
         (a, ta), (bb, tb) = operand(op.lhs), operand(op.rhs)
-        self.kblock.add_op(s.MatmulOp(a, bb, dst, ta, tb))
+        b = _Builder(self.kblock)
+        m, n = ir.tensor_type(op.result).shape
+        k = ir.tensor_type(op.lhs).shape[1]
+        self.kblock.add_op(s.MatmulOp(a, bb, dst, b.dim(m), b.dim(n), b.dim(k), ta, tb))
 
     # ------------------------------------------------------------------ driver
     def run(self) -> s.KernelOp:
@@ -388,12 +391,14 @@ def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset(), fuse: bool = Tr
     """Lower one function; with ``fuse``, row groups (see opgen.lower.row_groups) are formed
     where legal, else every materialised value gets its own loop nest."""
     if fuse:
+        from opgen.lower.matmul_chain import MatmulChainLowering
         from opgen.lower.row_groups import RowGroupLowering
 
-        try:
-            return RowGroupLowering(func, set(aliases)).run()
-        except NotFusable:
-            pass
+        for cls in (MatmulChainLowering, RowGroupLowering):
+            try:
+                return cls(func, set(aliases)).run()
+            except NotFusable:
+                pass
     return _Lowering(func, set(aliases)).run()
 
 

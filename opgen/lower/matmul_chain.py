@@ -1,0 +1,210 @@
+"""Matmul chains: ``G = f(P, ...)`` elementwise over an (M, N) tile space, consumed only by
+``G @ C`` (-> M rows) and ``G^T @ D`` (-> N rows), with ``P = A @ B`` optional. G is never
+materialised: both products are computed tile by tile, each pass owning its output rows.
+
+  pass 1, parallel over row blocks of M:  acc = sum over column blocks of  f(A_i B_j) @ C_j
+  pass 2, parallel over column blocks of N: acc = sum over row blocks of  f(A_i B_j)^T @ D_i
+
+P's tiles are recomputed in each pass (4 tile products instead of 3) so that every output row
+block is summed by one thread in a fixed order — deterministic, with O(tile) workspace. This is
+the memory-saving fused-linear-cross-entropy schedule, found from the IR's shape alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.ir import Operation, SSAValue
+
+from opgen.ir import dialect as ir
+from opgen.lower import sched as s
+from opgen.lower.to_loops import MATERIALISED, NotFusable, _Builder, _Lowering
+
+ROW_BLOCK = 64
+COL_BLOCK = 256
+
+
+@dataclass
+class Chain:
+    g: SSAValue  # the (M, N) elementwise value
+    p: ir.MatmulOp | None  # the product G reads pointwise (None: G reads only inputs)
+    row_out: list[tuple[str, SSAValue, ir.MatmulOp]]  # (output, value, G @ C)
+    col_out: list[tuple[str, SSAValue, ir.MatmulOp]]  # (output, value, G^T @ D)
+
+
+def _strip_cast(v: SSAValue) -> SSAValue:
+    while isinstance(v.owner, ir.CastOp):
+        v = v.owner.x
+    return v
+
+
+class MatmulChainLowering(_Lowering):
+    """``lower-to-loops`` for functions shaped as a matmul chain (else NotFusable)."""
+
+    def plan(self) -> Chain:
+        names = [n.data for n in self.ret.names.data]
+        g: SSAValue | None = None
+        row_out, col_out = [], []
+        for name, v in zip(names, self.ret.values, strict=True):
+            mm = _strip_cast(v).owner
+            if not isinstance(mm, ir.MatmulOp):
+                raise NotFusable("an output is not a matmul")
+            lhs = _strip_cast(mm.lhs)
+            if isinstance(lhs.owner, ir.TransposeOp):
+                cand, lst = _strip_cast(lhs.owner.x), col_out
+            else:
+                cand, lst = lhs, row_out
+            if g is None:
+                g = cand
+            elif cand is not g:
+                raise NotFusable("outputs are products of different values")
+            lst.append((name, v, mm))
+        if g is None or isinstance(g.owner, MATERIALISED) or not isinstance(g.owner, Operation):
+            raise NotFusable("no elementwise producer")
+        mats = [m for m in self.materialised() if m.owner not in
+                [mm for _, _, mm in row_out + col_out] and m is not g]
+        products = [m for m in mats if isinstance(m.owner, ir.MatmulOp)]
+        others = [m for m in mats if m not in products and not self._is_operand_copy(m)]
+        if len(products) > 1 or others:
+            raise NotFusable("more than one product, or other materialised values")
+        p = products[0].owner if products else None
+        if ir.tensor_type(g).rank != 2:
+            raise NotFusable("G must be 2-D")
+        return Chain(g, p, row_out, col_out)  # type: ignore[arg-type]
+
+    def _is_operand_copy(self, m: SSAValue) -> bool:
+        """Values materialised only because a matmul reads them (the chain reads them in tiles)."""
+        return all(isinstance(u.operation, ir.MatmulOp | ir.TransposeOp) for u in m.uses)
+
+    # ------------------------------------------------------------------ emission helpers
+    def local(self, b: _Builder, shape: list[str], dtype: str, zero: bool = False) -> SSAValue:
+        a = s.AllocOp(s.BufType.make(shape, dtype, "local"), zero=zero)
+        b.stmt(a)
+        return a.result
+
+    def fill(self, b: _Builder, dst: SSAValue, rows: SSAValue, cols: str | SSAValue,
+             value_at: object) -> None:
+        """``dst[r, c] = value_at(r, c)`` for r < rows, c < cols."""
+        zero = b.const(0, "i64")
+        r = b.open(zero, rows, "parallel", "r")
+        c = b.open(zero, b.dim(cols) if isinstance(cols, str) else cols, "parallel", "c")
+        b.stmt(s.StoreOp(value_at(r, c), dst, [r, c]))  # type: ignore[operator]
+        b.close_n(2)
+
+    def block_range(self, b: _Builder, blk: SSAValue, size: int, dim: str) -> tuple[SSAValue, SSAValue]:
+        base = b.scalar(ir.MulOp(blk, b.const(size, "i64")))
+        end = b.scalar(ir.MinOp(b.scalar(ir.AddOp(base, b.const(size, "i64"))), b.dim(dim)))
+        return base, b.scalar(ir.SubOp(end, base))
+
+    def tile(self, b: _Builder, ch: Chain, i0: SSAValue, rows: SSAValue, j0: SSAValue,
+             cols: SSAValue, a_blk: SSAValue | None, b_blk: SSAValue | None) -> SSAValue:
+        """The G tile (ROW_BLOCK x COL_BLOCK, f32) for rows i0.. and columns j0.."""
+        gdt = ir.tensor_type(ch.g).dtype
+        t = self.local(b, [str(ROW_BLOCK), str(COL_BLOCK)], ir.tensor_type(ch.p.result).dtype if ch.p else gdt)
+        if ch.p is not None:
+            k = b.dim(ir.tensor_type(ch.p.lhs).shape[1])
+            b.stmt(s.MatmulOp(a_blk, b_blk, t, rows, cols, k, False, True))  # type: ignore[arg-type]
+        g_t = self.local(b, [str(ROW_BLOCK), str(COL_BLOCK)], gdt)
+
+        def g_at(r: SSAValue, c: SSAValue) -> SSAValue:
+            gi = b.scalar(ir.AddOp(i0, r))
+            gj = b.scalar(ir.AddOp(j0, c))
+            if ch.p is not None:
+                b.memo[("val", ch.p.result, (gi, gj))] = b.scalar(s.LoadOp(t, [r, c]))
+            return self.emit(b, ch.g, [gi, gj])
+
+        self.fill(b, g_t, rows, cols, g_at)
+        return g_t
+
+    def load_rows(self, b: _Builder, v: SSAValue, base: SSAValue, rows: SSAValue, size: int,
+                  transposed: bool) -> SSAValue:
+        """A (size x K) f32-compute copy of rows base.. of v (or of v^T when ``transposed``)."""
+        t = ir.tensor_type(v)
+        kdim = t.shape[0] if transposed else t.shape[1]
+        buf = self.local(b, [str(size), kdim], t.dtype)
+
+        def at(r: SSAValue, c: SSAValue) -> SSAValue:
+            gi = b.scalar(ir.AddOp(base, r))
+            return self.emit(b, v, [c, gi] if transposed else [gi, c])
+
+        self.fill(b, buf, rows, kdim, at)
+        return buf
+
+    def store_rows(self, b: _Builder, name: str, out_v: SSAValue, mm: ir.MatmulOp, acc: SSAValue,
+                   base: SSAValue, rows: SSAValue) -> None:
+        dst = self.kblock.args[[a.data for a in self.func.arg_names.data].index(name)]
+        ncols = ir.tensor_type(out_v).shape[1]
+
+        def at(r: SSAValue, c: SSAValue) -> SSAValue:
+            gi = b.scalar(ir.AddOp(base, r))
+            b.memo[("val", mm.result, (gi, c))] = b.scalar(s.LoadOp(acc, [r, c]))
+            return self.emit(b, out_v, [gi, c])
+
+        zero = b.const(0, "i64")
+        r = b.open(zero, rows, "parallel", "r")
+        c = b.open(zero, b.dim(ncols), "parallel", "c")
+        val = at(r, c)
+        b.stmt(s.StoreOp(val, dst, [b.scalar(ir.AddOp(base, r)), c]))
+        b.close_n(2)
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> s.KernelOp:
+        ch = self.plan()
+        b0 = _Builder(self.kblock)
+        for op in self.func.body.block.ops:
+            if isinstance(op, ir.CheckOp):
+                b0.stmt(s.FailOp(self.emit(b0, op.cond, []), op.status.data, op.message.data))
+            if isinstance(op, ir.UnpackBitsOp):
+                self._mask_check(b0, op)
+        for v, rows in self.index_values().items():
+            self.lower_index(v, rows)
+        m_dim, n_dim = ir.tensor_type(ch.g).shape
+        a_v = b_v = None
+        if ch.p is not None:
+            a_v = ch.p.lhs
+            b_v = ch.p.rhs  # (K, N): its column j is row j of the transposed operand
+        # pass 1: rows of M
+        if ch.row_out:
+            b = _Builder(self.kblock)
+            (ib,) = b.loops([f"cdiv({m_dim},{ROW_BLOCK})"], "parallel", "ib")
+            i0, rows = self.block_range(b, ib, ROW_BLOCK, m_dim)
+            a_blk = self.load_rows(b, a_v, i0, rows, ROW_BLOCK, False) if a_v is not None else None
+            accs = []
+            for _, v, mm in ch.row_out:
+                accs.append(self.local(b, [str(ROW_BLOCK), ir.tensor_type(mm.result).shape[1]],
+                                       ir.tensor_type(mm.result).dtype, zero=True))
+            (jb,) = b.loops([f"cdiv({n_dim},{COL_BLOCK})"], "serial", "jb")
+            j0, cols = self.block_range(b, jb, COL_BLOCK, n_dim)
+            b_blk = self.load_rows(b, b_v, j0, cols, COL_BLOCK, True) if b_v is not None else None
+            g_t = self.tile(b, ch, i0, rows, j0, cols, a_blk, b_blk)
+            for (_, v, mm), acc in zip(ch.row_out, accs, strict=True):
+                c_blk = self.load_rows(b, mm.rhs, j0, cols, COL_BLOCK, False)
+                h = b.dim(ir.tensor_type(mm.result).shape[1])
+                b.stmt(s.MatmulOp(g_t, c_blk, acc, rows, h, cols, False, False, True))
+            b.close()
+            for (name, v, mm), acc in zip(ch.row_out, accs, strict=True):
+                self.store_rows(b, name, v, mm, acc, i0, rows)
+            b.close()
+        # pass 2: rows of N
+        if ch.col_out:
+            b = _Builder(self.kblock)
+            (jb,) = b.loops([f"cdiv({n_dim},{COL_BLOCK})"], "parallel", "jb")
+            j0, cols = self.block_range(b, jb, COL_BLOCK, n_dim)
+            b_blk = self.load_rows(b, b_v, j0, cols, COL_BLOCK, True) if b_v is not None else None
+            accs = []
+            for _, v, mm in ch.col_out:
+                accs.append(self.local(b, [str(COL_BLOCK), ir.tensor_type(mm.result).shape[1]],
+                                       ir.tensor_type(mm.result).dtype, zero=True))
+            (ib,) = b.loops([f"cdiv({m_dim},{ROW_BLOCK})"], "serial", "ib")
+            i0, rows = self.block_range(b, ib, ROW_BLOCK, m_dim)
+            a_blk = self.load_rows(b, a_v, i0, rows, ROW_BLOCK, False) if a_v is not None else None
+            g_t = self.tile(b, ch, i0, rows, j0, cols, a_blk, b_blk)
+            for (_, v, mm), acc in zip(ch.col_out, accs, strict=True):
+                d_blk = self.load_rows(b, mm.rhs, i0, rows, ROW_BLOCK, False)
+                h = b.dim(ir.tensor_type(mm.result).shape[1])
+                b.stmt(s.MatmulOp(g_t, d_blk, acc, cols, h, rows, True, False, True))
+            b.close()
+            for (name, v, mm), acc in zip(ch.col_out, accs, strict=True):
+                self.store_rows(b, name, v, mm, acc, j0, cols)
+            b.close()
+        return self.kernel
