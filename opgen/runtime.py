@@ -105,3 +105,95 @@ def call(op_name: str, lib: ctypes.CDLL | None = None, workspace: bool = True, *
         msg = lib.opgen_last_error().decode()
         raise OpError(STATUS.get(st, "param"), f"status {st}: {msg}")
     return outs
+
+
+# ------------------------------------------------------------------ ttnn-style facades
+
+def _dtype_of(dtype: Any) -> np.dtype | None:
+    """A ttnn-ish dtype argument (a string like 'bfloat16', a numpy or torch dtype) as numpy."""
+    if dtype is None:
+        return None
+    name = str(dtype).split(".")[-1].lower()
+    table = {"bfloat16": dtypes.BF16.np_dtype, "bf16": dtypes.BF16.np_dtype, "float32": np.dtype(np.float32),
+             "f32": np.dtype(np.float32), "float": np.dtype(np.float32)}
+    if name in table:
+        return table[name]
+    raise OpError("dtype", f"unsupported dtype {dtype!r}")
+
+
+def ttnn_function(op_name: str) -> Any:
+    """The ttnn-style Python function an op declares with ``Ttnn(...)`` (see opgen.abi.Ttnn).
+
+    Positional tensors are flattened to the op's logical rank (leading dims merged); the output
+    is returned with the declared leading unit dims. ``output_tensor`` (when given) is written
+    and returned; ``dtype`` must match the output's dtype; ``memory_config``/``queue_id`` are
+    accepted for signature compatibility and ignored on the CPU.
+    """
+    from opgen.abi import Ttnn
+
+    o = registry.get(op_name)
+    decl = next((f for f in o.abis if isinstance(f, Ttnn)), None)
+    if decl is None:
+        raise KeyError(f"op {op_name!r} declares no ttnn facade")
+    sig = o.signature
+    out_spec = sig[decl.output].spec
+    assert isinstance(out_spec, TensorSpec)
+
+    def fn(*positional: Any, dtype: Any = None, output_tensor: Any = None, memory_config: Any = None,
+           queue_id: int = 0) -> Any:
+        del memory_config, queue_id
+        if len(positional) != len(decl.positional):
+            raise TypeError(f"{decl.name}() takes {len(decl.positional)} positional arguments "
+                            f"({', '.join(a.c_name for a in decl.positional)})")
+        as_torch = any(type(x).__module__.startswith("torch") for x in positional)
+        args: dict[str, Any] = {}
+        for a, x in zip(decl.positional, positional, strict=True):
+            arr = to_numpy(x)
+            spec = sig[a.param].spec
+            assert isinstance(spec, TensorSpec)
+            rank = len(spec.shape)
+            arr = arr.reshape(-1) if rank == 1 else arr.reshape(-1, *arr.shape[arr.ndim - rank + 1:])
+            args[a.param] = arr
+        b = bind(o, dict(args))
+        want = np.dtype(b.outputs[decl.output].dtype)
+        req = _dtype_of(dtype)
+        if req is not None and req != want:
+            raise OpError("dtype", f"{decl.name}: dtype {dtype} must match the gradient's dtype {want}")
+        lead = decl.output_lead
+        logical = b.outputs[decl.output].shape
+        if output_tensor is not None:
+            out_full = to_numpy(output_tensor)
+            if out_full.shape not in (tuple(logical), (*lead, *logical)) or out_full.dtype != want:
+                raise OpError("shape", f"{decl.name}: output_tensor must be {(*lead, *logical)} {want}")
+        else:
+            out_full = np.zeros((*lead, *logical), want)
+        args[decl.output] = out_full.reshape(logical)
+        call(op_name, **args)
+        if output_tensor is not None:
+            return output_tensor
+        if as_torch:
+            import torch
+
+            if want == dtypes.BF16.np_dtype:
+                return torch.from_numpy(out_full.view(np.int16)).view(torch.bfloat16)
+            return torch.from_numpy(out_full)
+        return out_full
+
+    fn.__name__ = decl.name
+    fn.__doc__ = f"ttnn.{decl.name} over opgen op '{op_name}' ({o.where}).\n\n{o.doc}"
+    return fn
+
+
+class _TtnnNamespace:
+    """``opgen.runtime.ttnn.<name>``: every op's ttnn-style facade, by its ttnn name."""
+
+    def __getattr__(self, name: str) -> Any:
+        from opgen.abi import Ttnn
+
+        for o in registry.load_all().values():
+            if any(isinstance(f, Ttnn) and f.name == name for f in o.abis):
+                return ttnn_function(o.name)
+        raise AttributeError(f"no op declares ttnn.{name}")
+
+
+ttnn = _TtnnNamespace()

@@ -1,0 +1,63 @@
+"""Shared fixtures: the registered ops, a seeded RNG, and loading op files from a scratch dir."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from opgen import registry
+from opgen.dsl.opdef import OpDef
+
+SEED_OPS = (
+    "embedding_backward",
+    "embedding_bw",
+    "embedding_dense_backward",
+    "fused_linear_cross_entropy_loss_grad",
+    "rms_norm_backward",
+)
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    """A generator seeded from the test's id, so each case is reproducible on its own
+    (``OPGEN_TEST_SALT=...`` in the environment draws other inputs, for stress runs)."""
+    key = request.node.nodeid + os.environ.get("OPGEN_TEST_SALT", "")
+    seed = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="session")
+def ops() -> dict[str, OpDef]:
+    return registry.load_all()
+
+
+@pytest.fixture
+def op_files(tmp_path: Path) -> Iterator[Callable[..., dict[str, OpDef]]]:
+    """``op_files({"name.py": source, ...})`` writes op files into a fresh, uniquely named ops
+    directory and loads it with ``registry.load_all`` (errors propagate). The directory is
+    imported as a package of that name; ``package_placeholder`` in a source is replaced by it.
+    ``sys.path`` and the imported modules are restored afterwards."""
+    saved_path = list(sys.path)
+    saved_modules = set(sys.modules)
+
+    def load(files: dict[str, str], package_placeholder: str | None = None) -> dict[str, OpDef]:
+        d = tmp_path / f"opgen_test_ops_{uuid.uuid4().hex[:10]}"
+        d.mkdir()
+        for name, text in files.items():
+            if package_placeholder:
+                text = text.replace(package_placeholder, d.name)
+            (d / name).write_text(text)
+        return registry.load_all(str(d))
+
+    yield load
+    sys.path[:] = saved_path
+    for m in set(sys.modules) - saved_modules:
+        if m.startswith("opgen_test_ops_"):
+            del sys.modules[m]

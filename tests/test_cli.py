@@ -1,0 +1,194 @@
+"""The ``opgen`` command line, run in-process: list, show, eval, build --check and reproducible
+builds into a scratch directory."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from opgen import cli, registry
+from opgen.passes import pipeline
+from tests.conftest import SEED_OPS
+from tests.reference import assert_close_policy, rounded, t64, tt
+
+GENERATED = registry.REPO_ROOT / "generated"
+STAMP_DIR = registry.REPO_ROOT / "build"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_list_shows_the_five_ops(capsys):
+    rc, out, _ = run(capsys, "list")
+    assert rc == 0
+    listed = [line.split()[0] for line in out.splitlines() if line and not line.startswith(" ")]
+    assert set(SEED_OPS) <= set(listed)
+    # one op per file in ops_dsl/ (helpers start with "_")
+    files = sorted(p.stem for p in (registry.REPO_ROOT / "ops_dsl").glob("*.py")
+                   if not p.name.startswith("_"))
+    assert listed == files
+    assert "aclnnEmbeddingDenseBackward" in out and "infiniopRMSNormBackward" in out
+    assert "ttnn.embedding_bw" in out
+
+
+def test_list_verbose_has_typed_signatures(capsys):
+    rc, out, _ = run(capsys, "list", "-v")
+    assert rc == 0
+    assert "grad_y: Tensor[T, Batch(N), D].contiguous_last()" in out
+    assert "num_weights: size of V" in out
+
+
+@pytest.mark.parametrize("name", SEED_OPS)
+def test_show(capsys, name):
+    rc, out, _ = run(capsys, "show", name)
+    assert rc == 0
+    assert out.startswith(name) and "parameters:" in out and "variants" in out
+
+
+def test_show_reports_rejected_variants_and_aliasing(capsys):
+    _, out, _ = run(capsys, "show", "fused_linear_cross_entropy_loss_grad")
+    assert "rejected (null)" in out
+    _, out, _ = run(capsys, "show", "rms_norm_backward")
+    assert "may alias: grad_x = grad_y" in out
+
+
+@pytest.mark.parametrize("name", SEED_OPS)
+def test_show_ir_and_stages(capsys, name):
+    rc, final, _ = run(capsys, "show", name, "--ir")
+    assert rc == 0
+    assert f"stage '{pipeline.stages('l0')[-1]}'" in final and '"opgen.func"' in final
+    rc, traced, _ = run(capsys, "show", name, "--stage", "traced")
+    assert rc == 0 and "stage 'traced'" in traced
+    assert f'sym_name = "{name}' in traced
+    # --ir is the last stage; the generated file holds the same module
+    body = final.split("\n", 1)[1].rstrip("\n")
+    assert body in (GENERATED / "ir" / f"{name}.mlir").read_text()
+
+
+def test_show_errors(capsys):
+    rc, _, err = run(capsys, "show", "no_such_op")
+    assert rc == 2 and "unknown op 'no_such_op'" in err
+    rc, _, err = run(capsys, "show", "rms_norm_backward", "--stage", "nope")
+    assert rc == 2 and "unknown stage 'nope'" in err
+
+
+@pytest.mark.parametrize(("name", "argv", "outputs"), [
+    ("embedding_dense_backward", ["--dims", "N=6,D=4,V=5"], {"out": "(5, 4) float32"}),
+    ("embedding_dense_backward", ["--dims", "N=6,D=4,V=5", "--dtype", "T=bf16,IDX=f16",
+                                  "--set", "scale_grad_by_freq=true,padding_idx=1"],
+     {"out": "(5, 4) bfloat16"}),
+    ("embedding_backward", ["--dims", "N=6,D=4,N1=5,N2=3", "--with", "i2,dtable2",
+                            "--set", "alpha2=0.5"],
+     {"dtable1": "(5, 4) float16", "dtable2": "(3, 4) float16"}),
+    ("rms_norm_backward", ["--dims", "N=3,D=8", "--dtype", "T=f32", "--set", "eps=1e-6"],
+     {"grad_x": "(3, 8) float32", "grad_w": "(8,) float32"}),
+    ("embedding_bw", ["--dims", "N=6,D=4,V=5"], {"out": "(5, 4) bfloat16"}),
+    ("fused_linear_cross_entropy_loss_grad", ["--dims", "BT=4,H=8,V=128,L=1", "--with", "softmax"],
+     {"input_grad": "(4, 8) float16", "weight_grad": "(128, 8) float16"}),
+    ("fused_linear_cross_entropy_loss_grad", ["--dims", "BT=4,H=8,V=128,L=1",
+                                              "--with", "logits_max,sum_exp_logits"],
+     {"input_grad": "(4, 8) float16", "weight_grad": "(128, 8) float16"}),
+])
+def test_eval_runs(capsys, name, argv, outputs):
+    rc, out, err = run(capsys, "eval", name, *argv)
+    assert rc == 0, err
+    for o, desc in outputs.items():
+        assert f"output {o}: shape {desc}" in out
+
+
+def test_eval_reports_a_rejected_call(capsys):
+    rc, _, err = run(capsys, "eval", "fused_linear_cross_entropy_loss_grad", "--dims",
+                     "BT=4,H=8,V=128,L=1", "--with", "softmax", "--set", "label_smoothing=0.1")
+    assert rc == 2 and "[param]" in err and "labelSmoothing" in err
+
+
+def test_eval_inputs_file_against_torch(capsys, tmp_path, rng):
+    """``--inputs`` / ``--save`` round trip, checked against torch on the same inputs."""
+    grad = rounded(rng.standard_normal((2, 3, 4)), "f32")
+    indices = np.array([[0, 4, 4], [1, 2, 4]])
+    inputs, saved = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(inputs, grad=grad, indices=indices, num_weights=np.int64(5))
+    rc, _, err = run(capsys, "eval", "embedding_dense_backward", "--inputs", str(inputs),
+                       "--set", "padding_idx=2,scale_grad_by_freq=true", "--save", str(saved))
+    assert rc == 0, err
+    with np.load(saved) as z:
+        got = z["out"]
+    ref = torch.ops.aten.embedding_dense_backward(t64(grad), torch.tensor(indices), 5, 2, True)
+    same = torch.ops.aten.embedding_dense_backward(tt(grad, "f32"), torch.tensor(indices), 5, 2, True)
+    assert_close_policy(got, ref, same, "f32")
+
+
+def test_eval_bad_option(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["eval", "embedding_bw", "--dims", "N6"])
+
+
+# ------------------------------------------------------------------------------- build
+
+
+def _build_option(name: str) -> list[str]:
+    """``[name]`` if ``opgen build`` has that option (e.g. --no-compile), else ``[]``."""
+    sub = next(a for a in cli.make_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return [name] if name in sub.choices["build"].format_help() else []
+
+
+#: Builds here check generated files only; compiling the C library is not this module's job
+#: (and would write into the shared build/ directory).
+NO_COMPILE = _build_option("--no-compile")
+
+
+@pytest.fixture
+def keep_stamps():
+    """A build into a scratch directory records a stamp under build/: remove it afterwards and
+    put back any stamp that existed before."""
+    before = {p: p.read_bytes() for p in STAMP_DIR.glob("generate*.stamp")}
+    yield
+    for p in STAMP_DIR.glob("generate*.stamp"):
+        if p not in before:
+            p.unlink(missing_ok=True)
+    for p, data in before.items():
+        if not p.exists() or p.read_bytes() != data:
+            p.write_bytes(data)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_build_check_on_committed_tree(capsys):
+    before = tree(GENERATED)
+    rc, out, err = run(capsys, "build", "--check", "-q")
+    assert rc == 0, out + err
+    assert tree(GENERATED) == before
+
+
+def test_fresh_builds_are_reproducible_and_match_generated(tmp_path, keep_stamps, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert cli.main(["build", "--out", str(a), "-q", *NO_COMPILE]) == 0
+    assert cli.main(["build", "--out", str(b), "-q", *NO_COMPILE]) == 0
+    ta, tb = tree(a), tree(b)
+    assert ta, "the build produced no files"
+    assert ta == tb
+    assert ta == tree(GENERATED)
+    # an unchanged rebuild into the same directory rewrites nothing
+    mtimes = {p: (a / p).stat().st_mtime_ns for p in ta}
+    assert cli.main(["build", "--out", str(a), "-q", *NO_COMPILE]) == 0
+    assert {p: (a / p).stat().st_mtime_ns for p in ta} == mtimes
+    # --check notices an edited file and a file the build does not produce
+    victim = sorted(b.rglob("*.mlir"))[0]
+    victim.write_text(victim.read_text() + "// edited\n")
+    (b / "leftover.txt").write_text("x")
+    capsys.readouterr()
+    rc, stdout, err = run(capsys, "build", "--check", "--out", str(b), "-q")
+    assert rc == 1
+    assert f"stale: {victim.relative_to(b)}" in stdout
+    assert "not produced by the build: leftover.txt" in stdout
+    assert "is stale" in err
+    assert tree(b) != ta, "--check must not write"
