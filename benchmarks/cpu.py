@@ -104,9 +104,13 @@ def flce_inputs(quick: bool) -> dict:
     g = torch.Generator().manual_seed(2)
     X = (torch.randn(BT, H, generator=g) * 0.05).bfloat16()
     W = (torch.randn(V, H, generator=g) * 0.05).bfloat16()
-    logits = X.float() @ W.float().T
-    lmax = logits.max(1).values
-    se = torch.exp(logits - lmax[:, None]).sum(1)
+    lmax, se = torch.empty(BT), torch.empty(BT)
+    for i in range(0, BT, 64):  # in row blocks: keep the pre-call memory high-water mark low
+        logits = X[i:i + 64].float() @ W.float().T if V * H < 2**26 else torch.cat(
+            [X[i:i + 64].float() @ W[j:j + 4096].float().T for j in range(0, V, 4096)], 1)
+        lmax[i:i + 64] = logits.max(1).values
+        se[i:i + 64] = torch.exp(logits - lmax[i:i + 64, None]).sum(1)
+        del logits
     t = torch.randint(0, V, (BT,), generator=g)
     m = torch.rand(BT, generator=g) < 0.2
     return dict(X=X, W=W, lmax=lmax, se=se, t=t, m=m, grad=torch.rand(BT, generator=g))

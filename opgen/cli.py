@@ -14,11 +14,12 @@ from opgen.dsl.spec import AttrSpec, DSLError, SizeSpec, TensorSpec
 
 EPILOG = """examples:
   opgen list                              the ops, their signatures and C ABIs
-  opgen show rms_norm_backward --ir       the op's L0 IR after the clean-up passes
-  opgen show rms_norm_backward --stage traced
+  opgen show OP --ir                      the op's L0 IR after the clean-up passes
+  opgen show OP --stage traced            the IR as traced from ops_dsl/
+  opgen show OP --target cpu --stage lower-to-loops   the CPU loop IR
   opgen build                             regenerate generated/ (incremental)
   opgen build --check                     exit 1 if generated/ is stale
-  opgen eval embedding_dense_backward --dims N=6,D=4,V=5 --dtype T=bf16
+  opgen eval OP --dims N=6,D=4 --dtype T=bf16 --set eps=1e-6
 """
 
 
@@ -215,7 +216,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--dims", help="dim sizes, e.g. N=6,D=4 (default 16 each)")
     p.add_argument("--dtype", help="dtype variables, e.g. T=bf16,I=i32 (default: first member)")
     p.add_argument("--set", help="attributes, e.g. eps=1e-6,scale_grad_by_freq=true")
-    p.add_argument("--with", dest="with_", help="optional tensors to pass, e.g. softmax")
+    p.add_argument("--with", dest="with_", help="optional tensors to pass (comma-separated parameter names)")
     p.add_argument("--inputs", help=".npz file with the input arrays")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--save", help="write the outputs to this .npz file")

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 WARN = ["-Wall", "-Wextra", "-Werror"]
-CFLAGS = ["-std=c11", "-O3", "-march=native", "-fopenmp", "-fPIC", "-fno-math-errno", *WARN]
+CFLAGS = ["-std=c11", "-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-fPIC", "-fno-math-errno", *WARN]
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1", "-g"]
 
 

@@ -40,6 +40,20 @@ class _Interp:
     def val(self, v: Any) -> Array:
         return self.env[v]
 
+    def prevalidate(self, func: ir.FuncOp) -> None:
+        """Run-time checks first (as the C ABI does): every scalar-only computation and its
+        ``opgen.check``s, then mask lengths — before any index is looked at."""
+        for op in func.body.block.ops:
+            if isinstance(op, ir.CheckOp):
+                if op.cond in self.env and not bool(self.val(op.cond)):
+                    raise OpError(op.status.data, f"{self.b.op.name}: {op.message.data}")
+            elif isinstance(op, ir.UnpackBitsOp):
+                _unpack_bits(self, op)
+            elif (op.results and ir.tensor_type(op.results[0]).rank == 0 and type(op) in _HANDLERS
+                  and all(o in self.env for o in op.operands)):
+                rt = ir.tensor_type(op.results[0])
+                self.env[op.results[0]] = np.asarray(_HANDLERS[type(op)](self, op)).astype(self.np_type(rt))
+
     # ------------------------------------------------------------------ run
     def run(self) -> dict[str, Array]:
         func = self.b.func
@@ -50,14 +64,13 @@ class _Interp:
                 self.env[arg] = np.asarray(self.b.arrays[name]).astype(self.np_type(t))
             else:
                 self.env[arg] = np.asarray(self.b.scalars[name]).astype(self.np_type(t))
-        checks: list[ir.CheckOp] = []
+        self.prevalidate(func)
         for op in func.body.block.ops:
             if isinstance(op, ir.ReturnOp):
                 return {n.data: self.val(v) for n, v in zip(op.names.data, op.values, strict=True)}
             if isinstance(op, ir.CheckOp):
-                checks.append(op)
-                if not bool(self.val(op.cond)):
-                    raise OpError(op.status.data, f"{self.b.op.name}: {op.message.data}")
+                continue  # evaluated by prevalidate
+            if op.results and op.results[0] in self.env:
                 continue
             handler = _HANDLERS.get(type(op))
             if handler is None:

@@ -1,7 +1,7 @@
 """Calling the generated C library from Python (ctypes), on numpy arrays or torch CPU tensors.
 
 >>> from opgen import runtime
->>> out = runtime.call("rms_norm_backward", grad_y=gy, x=x, w=w, eps=1e-6)   # doctest: +SKIP
+>>> out = runtime.call("my_op", x=x, eps=1e-6)   # doctest: +SKIP
 
 Outputs not passed are allocated (zero-filled) when their shape follows from the inputs.
 Failures raise :class:`opgen.binding.OpError` with the abstract status of the C status code.

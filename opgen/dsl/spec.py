@@ -6,8 +6,8 @@ annotations are made of::
     N, D, V = dims("N D V")
     T = dtype_var("T", f16, bf16, f32)
 
-    def embedding_dense_backward(grad: Tensor[T, Batch(N), D], indices: Tensor[I, Batch(N)],
-                                 num_weights: V, padding_idx: int = -1, *, out: Output[T, V, D]): ...
+    def rows_backward(grad: Tensor[T, Batch(N), D], indices: Tensor[I, Batch(N)], num_rows: V,
+                      skip_row: int = -1, *, out: Output[T, V, D]): ...
 """
 
 from __future__ import annotations

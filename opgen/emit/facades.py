@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import textwrap
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,7 +159,7 @@ class FacadeOp:
 
     op: str
     where: str
-    summary: str
+    summary: list[str]
     name: str
     snake: str
     tag: str
@@ -296,14 +297,29 @@ class _Checker:
         return {"suffix": suffix, "args": extra, "values": values, "defaulted": defaulted}
 
 
+def _docs(o: OpDef, f: Infiniop | Aclnn) -> tuple[list[str], list[str]]:
+    """The op's first doc paragraph (wrapped) and a line per parameter / dtype variable / renamed
+    vendor argument, for the generated header's comment."""
+    para = " ".join(o.doc.split("\n\n")[0].split())
+    summary = textwrap.wrap(para, 96) or [o.name]
+    lines = [f"{p.name}: {p.spec.describe()}" for p in o.signature.params]  # type: ignore[attr-defined]
+    lines += [f"{k} in {{{', '.join(map(str, v.members))}}}" for k, v in o.signature.dtype_vars().items()]
+    args = [*f.descriptors, *f.scalars, *(a for ext in f.extensions.values() for a in ext)] \
+        if isinstance(f, Infiniop) else list(f.args)
+    renamed = [f"{a.c_name} -> {a.param}" for a in args if a.c_name != a.param]
+    if renamed:
+        lines += textwrap.wrap("vendor argument -> op parameter: " + ", ".join(renamed), 96)
+    return [x.replace("*/", "* /") for x in summary], [x.replace("*/", "* /") for x in lines]
+
+
 def _base(o: OpDef, f: Infiniop | Aclnn, ck: _Checker) -> FacadeOp:
     params = list(ck.params.values())
+    summary, docs = _docs(o, f)
     return FacadeOp(
-        op=o.name, where=o.where, summary=(o.doc.splitlines() or [""])[0], name=f.name,
+        op=o.name, where=o.where, summary=summary, name=f.name,
         snake=snake(f.name), tag=_tag(f"{f.kind}:{f.name}"),
         n_tensors=sum(p.kind == "tensor" for p in params), params=params,
-        status_cases=ck.status_cases(),
-        param_docs=[f"{p.name}: {p.spec.describe()}" for p in o.signature.params])  # type: ignore[attr-defined]
+        status_cases=ck.status_cases(), param_docs=docs)
 
 
 def infiniop_model(o: OpDef, f: Infiniop) -> FacadeOp:

@@ -21,7 +21,7 @@ class ComposeBroadcasts(RewritePattern):
         src, dst = ir.tensor_type(inner.x), ir.tensor_type(op.result)
         # a size-1 source dim that the inner broadcast kept as 1 may now map onto a real dim: fine
         if all(src.shape[i] in ("1", dst.shape[d]) for i, d in enumerate(dims)):
-            rewriter.replace_op(op, ir.BroadcastOp(inner.x, dims, dst))
+            rewriter.replace(op, ir.BroadcastOp(inner.x, dims, dst))
 
 
 class IdentityBroadcast(RewritePattern):
@@ -30,7 +30,7 @@ class IdentityBroadcast(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: ir.BroadcastOp, rewriter: PatternRewriter) -> None:
         if op.x.type == op.result.type and op.dim_map == tuple(range(ir.tensor_type(op.x).rank)):
-            rewriter.replace_op(op, [], [op.x])
+            rewriter.replace(op, [], [op.x])
 
 
 class IdentityCast(RewritePattern):
@@ -39,7 +39,7 @@ class IdentityCast(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: ir.CastOp, rewriter: PatternRewriter) -> None:
         if op.x.type == op.result.type:
-            rewriter.replace_op(op, [], [op.x])
+            rewriter.replace(op, [], [op.x])
 
 
 class ComposeTransposes(RewritePattern):
@@ -53,6 +53,6 @@ class ComposeTransposes(RewritePattern):
         p, q = inner.permutation, op.permutation
         perm = [p[i] for i in q]
         if perm == sorted(perm):
-            rewriter.replace_op(op, [], [inner.x])
+            rewriter.replace(op, [], [inner.x])
         else:
-            rewriter.replace_op(op, ir.TransposeOp(inner.x, perm))
+            rewriter.replace(op, ir.TransposeOp(inner.x, perm))

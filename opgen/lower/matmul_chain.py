@@ -7,7 +7,7 @@ materialised: both products are computed tile by tile, each pass owning its outp
 
 P's tiles are recomputed in each pass (4 tile products instead of 3) so that every output row
 block is summed by one thread in a fixed order — deterministic, with O(tile) workspace. This is
-the memory-saving fused-linear-cross-entropy schedule, found from the IR's shape alone.
+the memory-saving schedule of linear-layer loss gradients, found from the IR's shape alone.
 """
 
 from __future__ import annotations
