@@ -86,7 +86,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from opgen import build
-
     from opgen.compile import CompileError
 
     try:

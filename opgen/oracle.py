@@ -249,10 +249,8 @@ def run_bound(b: Binding, precision: str = "native") -> dict[str, Array]:
     out: dict[str, Array] = {}
     for name, val in logical.items():
         target = b.outputs[name]
-        dt = np.dtype(np.float64) if precision == "f64" and target.dtype.kind in "fV" \
-            else target.dtype
-        if dtypes.from_numpy(target.dtype).is_float and precision == "f64":
-            dt = np.dtype(np.float64)
+        exact = precision == "f64" and dtypes.from_numpy(target.dtype).is_float
+        dt = np.dtype(np.float64) if exact else target.dtype
         out[name] = np.asarray(val).astype(dt).reshape(target.shape)
     return out
 

@@ -129,7 +129,7 @@ class OpDef:
                     kwargs[p.name] = None
                 elif isinstance(p.spec, SizeSpec):
                     kwargs[p.name] = size(p.spec.dim)
-                    # the block argument still carries the value at the ABI; bind it via check
+                    # the block argument still carries the value at the ABI (binding checks it)
                 else:
                     kwargs[p.name] = Value(args[p.name], weak=isinstance(p.spec, AttrSpec))
             result, t.location = _call_noting_return(self.fn, kwargs)
@@ -139,8 +139,8 @@ class OpDef:
             if not isinstance(result, dict):
                 raise DSLError(f"{self.where}: op '{self.name}' must return a dict of its outputs "
                                f"{[o.name for o in outs]} (or one value for one output)")
-            missing = [o.name for o in outs
-                       if o.name not in result and o.name in args and not o.optional]
+            missing = [o.name for o in outs if o.name in args and not o.optional
+                       and result.get(o.name) is None]
             extra = [k for k in result if k not in {o.name for o in outs}]
             if missing:
                 raise DSLError(f"{t.location}: op '{self.name}' does not return output(s) "

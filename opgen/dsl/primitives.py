@@ -72,47 +72,42 @@ def _dim_name(d: DimLike) -> str:
     raise tracer().error(f"{d!r} is not a dim")
 
 
-def _float(x: Any) -> Value:
-    x = as_value(x)
-    return x
-
-
 # ----------------------------------------------------------------------- elementwise math
 
 
 def exp(x: Any) -> Value:
     """``e**x`` elementwise (integers are converted to f32 first)."""
-    return unary(ir.ExpOp, _float(x))
+    return unary(ir.ExpOp, x)
 
 
 def log(x: Any) -> Value:
     """Natural logarithm."""
-    return unary(ir.LogOp, _float(x))
+    return unary(ir.LogOp, x)
 
 
 def sqrt(x: Any) -> Value:
     """Square root."""
-    return unary(ir.SqrtOp, _float(x))
+    return unary(ir.SqrtOp, x)
 
 
 def rsqrt(x: Any) -> Value:
     """``1 / sqrt(x)``."""
-    return unary(ir.RsqrtOp, _float(x))
+    return unary(ir.RsqrtOp, x)
 
 
 def reciprocal(x: Any) -> Value:
     """``1 / x``."""
-    return unary(ir.RecipOp, _float(x))
+    return unary(ir.RecipOp, x)
 
 
 def tanh(x: Any) -> Value:
     """Hyperbolic tangent."""
-    return unary(ir.TanhOp, _float(x))
+    return unary(ir.TanhOp, x)
 
 
 def sigmoid(x: Any) -> Value:
     """``1 / (1 + exp(-x))``."""
-    return unary(ir.SigmoidOp, _float(x))
+    return unary(ir.SigmoidOp, x)
 
 
 def absolute(x: Any) -> Value:
@@ -202,7 +197,7 @@ def scatter_add(values: Any, idx: Any, rows: DimLike) -> Value:
 def bincount(idx: Any, rows: DimLike, dtype: dtypes.DType = dtypes.I32) -> Value:
     """How often each value in ``[0, rows)`` occurs in ``idx`` (a 1-D integer tensor)."""
     idx = _index(idx, "bincount")
-    if not dtype.is_int:
+    if not isinstance(dtype, dtypes.DType) or not dtype.is_int:
         raise tracer().error("bincount: count dtype must be an integer type")
     return _emit1(ir.BincountOp(idx.ssa, _dim_name(rows), dtype.name))
 
@@ -241,6 +236,10 @@ def zeros(shape: Sequence[DimLike], dtype: dtypes.DType | DTypeVar = dtypes.F32)
 def iota(shape: Sequence[DimLike], axis: int = 0, dtype: dtypes.DType = dtypes.I64) -> Value:
     """Integer tensor whose value is its index along ``axis`` (``iota((V,))`` is arange(V))."""
     names = [_dim_name(d) for d in shape]
+    if not names:
+        raise tracer().error("iota(): shape must have at least one dim")
+    if not isinstance(dtype, dtypes.DType) or not dtype.is_int:
+        raise tracer().error("iota(): dtype must be a concrete integer dtype")
     return _emit1(ir.IotaOp(axis % len(names), ir.TensorType.make(names, dtype.name)))
 
 
@@ -259,8 +258,9 @@ def check(cond: Any, message: str, status: str = "param") -> None:
 def reject(message: str, status: str = "param") -> None:
     """Declare the current combination of optional tensors unsupported. ``status`` is ``null``
     (a required pointer is missing) or ``param``."""
+    if status not in ("null", "param"):
+        raise tracer().error(f"reject(): status must be 'null' or 'param', got {status!r}")
     raise Variant(message, status)
 
 
-__all__ += ["Value", "mean", "size"]
-_unused = (matmul, mean, size)
+__all__ += ["Value", "matmul"]

@@ -159,6 +159,7 @@ class Value:
     def __truediv__(self, o: Any) -> Value: return binary(ir.DivOp, self, o, float_result=True)
     def __rtruediv__(self, o: Any) -> Value: return binary(ir.DivOp, o, self, float_result=True)
     def __pow__(self, o: Any) -> Value: return binary(ir.PowOp, self, o, float_result=True)
+    def __rpow__(self, o: Any) -> Value: return binary(ir.PowOp, o, self, float_result=True)
     def __and__(self, o: Any) -> Value: return binary(ir.AndOp, self, o)
     def __rand__(self, o: Any) -> Value: return binary(ir.AndOp, o, self)
     def __or__(self, o: Any) -> Value: return binary(ir.OrOp, self, o)
@@ -326,7 +327,7 @@ def compare(pred: str, a: Any, b: Any) -> Value:
     return _emit1(ir.CmpOp(pred, a.ssa, b.ssa))
 
 
-def unary(cls: type[ir.UnaryOp], x: Any, float_result: bool = True) -> Value:
+def unary(cls: type[ir.UnaryOp], x: Any) -> Value:
     x = as_value(x)
     if cls.FLOAT_ONLY and tracer().kinds(x.dtype) != {"float"}:
         x = cast(x, "f32")
@@ -361,6 +362,10 @@ def reduce(kind: str, x: Any, axis: int | Sequence[int] | None, keepdims: bool) 
 
 def size(d: Any) -> Value:
     """The run-time size of a dim as an i64 scalar."""
+    if isinstance(d, int) and not isinstance(d, bool):
+        return const(d, "i64")
+    if not isinstance(d, str) and not hasattr(d, "name"):
+        raise tracer().error(f"size(): {d!r} is not a dim")
     name = d if isinstance(d, str) else d.name
     return _emit1(ir.DimOp(name), weak=True)
 

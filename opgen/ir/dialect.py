@@ -37,8 +37,8 @@ from xdsl.irdl import (
     IRDLOperation,
     irdl_attr_definition,
     irdl_op_definition,
-    opt_prop_def,
     operand_def,
+    opt_prop_def,
     prop_def,
     region_def,
     result_def,
@@ -326,6 +326,8 @@ class FullOp(IRDLOperation):
     def verify_(self) -> None:
         if tensor_type(self.value).rank != 0:
             raise VerifyException("opgen.full: fill value must be a scalar")
+        if tensor_type(self.value).dtype != tensor_type(self.result).dtype:
+            raise VerifyException("opgen.full: fill value and result dtypes differ")
 
 
 @irdl_op_definition
@@ -377,16 +379,25 @@ class UnaryOp(ElementwiseOp):
             _require_float(self, tensor_type(self.x).dtype, "operand")
 
 
+class SignedOp(UnaryOp):
+    """Numeric (not bool) unary op."""
+
+    FLOAT_ONLY: ClassVar[bool] = False
+
+    def verify_(self) -> None:
+        super().verify_()
+        if "bool" in _kinds(self, tensor_type(self.x).dtype):
+            raise VerifyException(f"{self.name}: operand must be numeric, not bool")
+
+
 @irdl_op_definition
-class NegOp(UnaryOp):
+class NegOp(SignedOp):
     name = "opgen.neg"
-    FLOAT_ONLY: ClassVar[bool] = False
 
 
 @irdl_op_definition
-class AbsOp(UnaryOp):
+class AbsOp(SignedOp):
     name = "opgen.abs"
-    FLOAT_ONLY: ClassVar[bool] = False
 
 
 @irdl_op_definition
@@ -563,7 +574,9 @@ class SelectOp(ElementwiseOp):
 @irdl_op_definition
 class CastOp(ElementwiseOp):
     """Convert to the result dtype: floats round to nearest even, float->int truncates toward
-    zero, anything->bool is ``!= 0``. Casting to a 16-bit float rounds (the value is stored)."""
+    zero (NaN or out of range gives the type's minimum; unsigned: maximum), anything->bool is
+    ``!= 0``. Float casts are logical: a value cast to bf16 is still held in f32 and rounds only
+    when it is stored to an output."""
 
     name = "opgen.cast"
     x = operand_def(TensorType)

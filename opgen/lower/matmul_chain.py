@@ -147,6 +147,36 @@ class MatmulChainLowering(_Lowering):
         b.stmt(s.StoreOp(val, dst, [b.scalar(ir.AddOp(base, r)), c]))
         b.close_n(2)
 
+    def chain_pass(self, ch: Chain, outs: list[tuple[str, SSAValue, ir.MatmulOp]], by_rows: bool) -> None:
+        """One pass: parallel over blocks of the dim the outputs' rows run along ("own"),
+        summing over blocks of the other dim in order."""
+        m_dim, n_dim = ir.tensor_type(ch.g).shape
+        a_v, b_v = (ch.p.lhs, ch.p.rhs) if ch.p is not None else (None, None)  # b_v: (K, N)
+        own = (m_dim, ROW_BLOCK, a_v, False) if by_rows else (n_dim, COL_BLOCK, b_v, True)
+        other = (n_dim, COL_BLOCK, b_v, True) if by_rows else (m_dim, ROW_BLOCK, a_v, False)
+        b = _Builder(self.kblock)
+        (ob,) = b.loops([f"cdiv({own[0]},{own[1]})"], "parallel", "ob")
+        o0, on = self.block_range(b, ob, own[1], own[0])
+        own_blk = self.load_rows(b, own[2], o0, on, own[1], own[3]) if own[2] is not None else None
+        accs = [self.local(b, [str(own[1]), ir.tensor_type(mm.result).shape[1]], ir.tensor_type(mm.result).dtype,
+                           zero=True) for _, _, mm in outs]
+        (xb,) = b.loops([f"cdiv({other[0]},{other[1]})"], "serial", "xb")
+        x0, xn = self.block_range(b, xb, other[1], other[0])
+        other_blk = self.load_rows(b, other[2], x0, xn, other[1], other[3]) if other[2] is not None else None
+        if by_rows:
+            g_t = self.tile(b, ch, o0, on, x0, xn, own_blk, other_blk)
+        else:
+            g_t = self.tile(b, ch, x0, xn, o0, on, other_blk, own_blk)
+        for (_, _, mm), acc in zip(outs, accs, strict=True):
+            blk = self.load_rows(b, mm.rhs, x0, xn, other[1], False)
+            h = b.dim(ir.tensor_type(mm.result).shape[1])
+            # own rows of the product: G @ blk (by rows) or G^T @ blk (by columns)
+            b.stmt(s.MatmulOp(g_t, blk, acc, on, h, xn, not by_rows, False, True))
+        b.close()
+        for (name, v, mm), acc in zip(outs, accs, strict=True):
+            self.store_rows(b, name, v, mm, acc, o0, on)
+        b.close()
+
     # ------------------------------------------------------------------ driver
     def run(self) -> s.KernelOp:
         ch = self.plan()
@@ -158,53 +188,7 @@ class MatmulChainLowering(_Lowering):
                 self._mask_check(b0, op)
         for v, rows in self.index_values().items():
             self.lower_index(v, rows)
-        m_dim, n_dim = ir.tensor_type(ch.g).shape
-        a_v = b_v = None
-        if ch.p is not None:
-            a_v = ch.p.lhs
-            b_v = ch.p.rhs  # (K, N): its column j is row j of the transposed operand
-        # pass 1: rows of M
-        if ch.row_out:
-            b = _Builder(self.kblock)
-            (ib,) = b.loops([f"cdiv({m_dim},{ROW_BLOCK})"], "parallel", "ib")
-            i0, rows = self.block_range(b, ib, ROW_BLOCK, m_dim)
-            a_blk = self.load_rows(b, a_v, i0, rows, ROW_BLOCK, False) if a_v is not None else None
-            accs = []
-            for _, v, mm in ch.row_out:
-                accs.append(self.local(b, [str(ROW_BLOCK), ir.tensor_type(mm.result).shape[1]],
-                                       ir.tensor_type(mm.result).dtype, zero=True))
-            (jb,) = b.loops([f"cdiv({n_dim},{COL_BLOCK})"], "serial", "jb")
-            j0, cols = self.block_range(b, jb, COL_BLOCK, n_dim)
-            b_blk = self.load_rows(b, b_v, j0, cols, COL_BLOCK, True) if b_v is not None else None
-            g_t = self.tile(b, ch, i0, rows, j0, cols, a_blk, b_blk)
-            for (_, v, mm), acc in zip(ch.row_out, accs, strict=True):
-                c_blk = self.load_rows(b, mm.rhs, j0, cols, COL_BLOCK, False)
-                h = b.dim(ir.tensor_type(mm.result).shape[1])
-                b.stmt(s.MatmulOp(g_t, c_blk, acc, rows, h, cols, False, False, True))
-            b.close()
-            for (name, v, mm), acc in zip(ch.row_out, accs, strict=True):
-                self.store_rows(b, name, v, mm, acc, i0, rows)
-            b.close()
-        # pass 2: rows of N
-        if ch.col_out:
-            b = _Builder(self.kblock)
-            (jb,) = b.loops([f"cdiv({n_dim},{COL_BLOCK})"], "parallel", "jb")
-            j0, cols = self.block_range(b, jb, COL_BLOCK, n_dim)
-            b_blk = self.load_rows(b, b_v, j0, cols, COL_BLOCK, True) if b_v is not None else None
-            accs = []
-            for _, v, mm in ch.col_out:
-                accs.append(self.local(b, [str(COL_BLOCK), ir.tensor_type(mm.result).shape[1]],
-                                       ir.tensor_type(mm.result).dtype, zero=True))
-            (ib,) = b.loops([f"cdiv({m_dim},{ROW_BLOCK})"], "serial", "ib")
-            i0, rows = self.block_range(b, ib, ROW_BLOCK, m_dim)
-            a_blk = self.load_rows(b, a_v, i0, rows, ROW_BLOCK, False) if a_v is not None else None
-            g_t = self.tile(b, ch, i0, rows, j0, cols, a_blk, b_blk)
-            for (_, v, mm), acc in zip(ch.col_out, accs, strict=True):
-                d_blk = self.load_rows(b, mm.rhs, i0, rows, ROW_BLOCK, False)
-                h = b.dim(ir.tensor_type(mm.result).shape[1])
-                b.stmt(s.MatmulOp(g_t, d_blk, acc, cols, h, rows, True, False, True))
-            b.close()
-            for (name, v, mm), acc in zip(ch.col_out, accs, strict=True):
-                self.store_rows(b, name, v, mm, acc, j0, cols)
-            b.close()
+        for outs, by_rows in ((ch.row_out, True), (ch.col_out, False)):
+            if outs:
+                self.chain_pass(ch, outs, by_rows)
         return self.kernel

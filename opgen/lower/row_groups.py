@@ -212,7 +212,7 @@ class RowGroupLowering(_Lowering):
             b.close_n(len(inner))
         b.close()  # x
         if g.colreds:
-            for (name, r, p, _), acc in zip(partials, accs, strict=True):
+            for (_, r, p, _), acc in zip(partials, accs, strict=True):
                 rest = list(ir.tensor_type(r.result).shape)
                 inner = b.loops(rest, "parallel", "d")
                 b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc, inner)), p, [c, *inner]))
