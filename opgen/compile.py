@@ -1,4 +1,5 @@
-"""Compiling ``generated/cpu`` into ``build/cpu/libopgen.so`` (incremental, parallel)."""
+"""Compiling ``generated/cpu`` into ``build/cpu/libopgen.so`` and ``generated/cuda`` into
+``build/cuda/libopgen_cuda.so`` (both incremental, parallel)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,7 +42,7 @@ def build_library(src_dir: Path, include_dir: Path, out_dir: Path, sanitize: boo
     obj_dir.mkdir(parents=True, exist_ok=True)
     lib = out_dir / ("libopgen_asan.so" if sanitize else "libopgen.so")
     sources = sorted(src_dir.glob("*.c"))
-    headers = b"".join(p.read_bytes() for p in sorted([*src_dir.glob("*.h"), *include_dir.glob("*.h")]))
+    headers = b"".join(p.read_bytes() for p in sorted([*src_dir.glob("*.h"), *include_dir.rglob("*.h")]))
 
     def one(src: Path) -> tuple[Path, bool]:
         key = hashlib.sha256(src.read_bytes() + headers + " ".join([cc, *flags]).encode()).hexdigest()[:16]
@@ -69,6 +71,84 @@ def build_library(src_dir: Path, include_dir: Path, out_dir: Path, sanitize: boo
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise CompileError(f"{' '.join(cmd)}\n{r.stderr[-4000:]}")
+        os.replace(str(lib) + ".tmp", lib)
+        if verbose:
+            print(f"  [  link] {lib}", flush=True)
+    return lib
+
+
+# ---------------------------------------------------------------------- CUDA (nvcc)
+#: every generated .cu must compile with these flags (all nvcc warnings are errors)
+NVCC_FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-Werror", "all-warnings",
+              "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"]
+#: library-only: export nothing but the OPGEN_API entry points (the static CUDA runtime stays
+#: inside), and bind the library's own calls to its own definitions
+NVCC_LIB_FLAGS = ["-Xcompiler", "-fvisibility=hidden"]
+NVCC_LINK = ["-shared", "-Xlinker", "--exclude-libs,ALL", "-Xlinker", "-Bsymbolic"]
+
+
+def nvcc() -> str | None:
+    """The nvcc to use ($NVCC, then PATH, then /usr/local/cuda/bin), or None."""
+    env = os.environ.get("NVCC")
+    if env:
+        return env
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = Path("/usr/local/cuda/bin/nvcc")
+    return str(default) if default.exists() else None
+
+
+def nvcc_jobs() -> int:
+    return int(os.environ.get("OPGEN_NVCC_JOBS", "0")) or (os.cpu_count() or 2)
+
+
+def compile_cuda_objects(src_dir: Path, include_dir: Path, obj_dir: Path, sources: list[Path] | None = None,
+                         verbose: bool = True) -> list[tuple[Path, bool]]:
+    """Compile ``*.cu`` files of ``src_dir`` to objects in ``obj_dir`` (in parallel, skipping
+    those whose source, headers and flags are unchanged). Returns (object, freshly built)."""
+    tool = nvcc()
+    if not tool:
+        raise CompileError("nvcc not found (set NVCC or put nvcc on PATH)")
+    flags = [*NVCC_FLAGS, *NVCC_LIB_FLAGS]
+    obj_dir.mkdir(parents=True, exist_ok=True)
+    srcs = sorted(src_dir.glob("*.cu")) if sources is None else sources
+    headers = b"".join(p.read_bytes() for p in sorted([*src_dir.glob("*.cuh"), *src_dir.glob("*.h"),
+                                                       *include_dir.glob("*.h")]))
+
+    def one(src: Path) -> tuple[Path, bool]:
+        key = hashlib.sha256(src.read_bytes() + headers + " ".join([tool, *flags]).encode()).hexdigest()[:16]
+        obj = obj_dir / f"{src.stem}.{key}.o"
+        if obj.exists():
+            return obj, False
+        cmd = [tool, *flags, f"-I{src_dir}", f"-I{include_dir}", "-c", str(src), "-o", str(obj) + ".tmp"]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise CompileError(f"{' '.join(cmd)}\n{(r.stdout + r.stderr)[-6000:]}")
+        for old in obj_dir.glob(f"{src.stem}.*.o"):
+            old.unlink()
+        os.replace(str(obj) + ".tmp", obj)
+        if verbose:
+            print(f"  [  nvcc] {src.name} ({time.perf_counter() - t0:.0f}s)", flush=True)
+        return obj, True
+
+    with ThreadPoolExecutor(max_workers=nvcc_jobs()) as ex:
+        return list(ex.map(one, srcs))
+
+
+def build_cuda_library(src_dir: Path, include_dir: Path, out_dir: Path, verbose: bool = True) -> Path:
+    """Compile every ``*.cu`` in ``src_dir`` with nvcc (sm_80 + sm_90, warnings are errors) and
+    link ``out_dir/libopgen_cuda.so``."""
+    results = compile_cuda_objects(src_dir, include_dir, out_dir / "obj", verbose=verbose)
+    objs = [o for o, _ in results]
+    lib = out_dir / "libopgen_cuda.so"
+    if any(fresh for _, fresh in results) or not lib.exists():
+        cmd = [str(nvcc()), *NVCC_LINK, "-gencode", "arch=compute_80,code=sm_80", "-gencode",
+               "arch=compute_90,code=sm_90", "-o", str(lib) + ".tmp", *map(str, objs)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise CompileError(f"{' '.join(cmd)}\n{(r.stdout + r.stderr)[-4000:]}")
         os.replace(str(lib) + ".tmp", lib)
         if verbose:
             print(f"  [  link] {lib}", flush=True)

@@ -5,6 +5,30 @@
 static inline int opgen_thread(void) { return omp_get_thread_num(); }
 static inline int opgen_threads(void) { return omp_get_max_threads(); }
 
+static opgen_status_t k_embedding_backward_f16_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -37,53 +61,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -168,6 +192,30 @@ static opgen_status_t k_embedding_backward_f16_i8(const opgen_buf_t *bufs, const
     return k_embedding_backward_f16_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f16_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f16_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -200,53 +248,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -331,6 +379,30 @@ static opgen_status_t k_embedding_backward_f16_i16(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f16_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f16_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f16_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -363,53 +435,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -494,6 +566,30 @@ static opgen_status_t k_embedding_backward_f16_i32(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f16_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f16_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f16_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -526,53 +622,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = v8;
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = v10;
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -657,6 +753,30 @@ static opgen_status_t k_embedding_backward_f16_i64(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f16_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f16_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f16_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -689,53 +809,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -820,6 +940,30 @@ static opgen_status_t k_embedding_backward_f16_u8(const opgen_buf_t *bufs, const
     return k_embedding_backward_f16_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f16_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f16_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -852,53 +996,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -983,6 +1127,30 @@ static opgen_status_t k_embedding_backward_f16_u16(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f16_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f16_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f16_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1015,53 +1183,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1146,6 +1314,30 @@ static opgen_status_t k_embedding_backward_f16_u32(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f16_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f16_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f16_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1178,53 +1370,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1309,6 +1501,30 @@ static opgen_status_t k_embedding_backward_f16_u64(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f16_u64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_bf16_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1341,53 +1557,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1472,6 +1688,30 @@ static opgen_status_t k_embedding_backward_bf16_i8(const opgen_buf_t *bufs, cons
     return k_embedding_backward_bf16_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_bf16_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_bf16_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1504,53 +1744,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1635,6 +1875,30 @@ static opgen_status_t k_embedding_backward_bf16_i16(const opgen_buf_t *bufs, con
     return k_embedding_backward_bf16_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_bf16_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_bf16_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1667,53 +1931,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1798,6 +2062,30 @@ static opgen_status_t k_embedding_backward_bf16_i32(const opgen_buf_t *bufs, con
     return k_embedding_backward_bf16_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_bf16_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_bf16_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1830,53 +2118,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = v8;
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = v10;
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1961,6 +2249,30 @@ static opgen_status_t k_embedding_backward_bf16_i64(const opgen_buf_t *bufs, con
     return k_embedding_backward_bf16_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_bf16_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_bf16_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1993,53 +2305,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2124,6 +2436,30 @@ static opgen_status_t k_embedding_backward_bf16_u8(const opgen_buf_t *bufs, cons
     return k_embedding_backward_bf16_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_bf16_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_bf16_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2156,53 +2492,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2287,6 +2623,30 @@ static opgen_status_t k_embedding_backward_bf16_u16(const opgen_buf_t *bufs, con
     return k_embedding_backward_bf16_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_bf16_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_bf16_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2319,53 +2679,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2450,6 +2810,30 @@ static opgen_status_t k_embedding_backward_bf16_u32(const opgen_buf_t *bufs, con
     return k_embedding_backward_bf16_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_bf16_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_bf16_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2482,53 +2866,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2613,6 +2997,30 @@ static opgen_status_t k_embedding_backward_bf16_u64(const opgen_buf_t *bufs, con
     return k_embedding_backward_bf16_u64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f32_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f32_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2645,53 +3053,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2776,6 +3184,30 @@ static opgen_status_t k_embedding_backward_f32_i8(const opgen_buf_t *bufs, const
     return k_embedding_backward_f32_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f32_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f32_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2808,53 +3240,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2939,6 +3371,30 @@ static opgen_status_t k_embedding_backward_f32_i16(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f32_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f32_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f32_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2971,53 +3427,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3102,6 +3558,30 @@ static opgen_status_t k_embedding_backward_f32_i32(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f32_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f32_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f32_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -3134,53 +3614,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = v8;
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = v10;
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3265,6 +3745,30 @@ static opgen_status_t k_embedding_backward_f32_i64(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f32_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f32_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f32_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -3297,53 +3801,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3428,6 +3932,30 @@ static opgen_status_t k_embedding_backward_f32_u8(const opgen_buf_t *bufs, const
     return k_embedding_backward_f32_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f32_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f32_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -3460,53 +3988,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3591,6 +4119,30 @@ static opgen_status_t k_embedding_backward_f32_u16(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f32_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f32_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f32_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -3623,53 +4175,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3754,6 +4306,30 @@ static opgen_status_t k_embedding_backward_f32_u32(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f32_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f32_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f32_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -3786,53 +4362,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3917,6 +4493,30 @@ static opgen_status_t k_embedding_backward_f32_u64(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f32_u64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f64_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f64_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -3949,53 +4549,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4080,6 +4680,30 @@ static opgen_status_t k_embedding_backward_f64_i8(const opgen_buf_t *bufs, const
     return k_embedding_backward_f64_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f64_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f64_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4112,53 +4736,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4243,6 +4867,30 @@ static opgen_status_t k_embedding_backward_f64_i16(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f64_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f64_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f64_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4275,53 +4923,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4406,6 +5054,30 @@ static opgen_status_t k_embedding_backward_f64_i32(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f64_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f64_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f64_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4438,53 +5110,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = v8;
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = v10;
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4569,6 +5241,30 @@ static opgen_status_t k_embedding_backward_f64_i64(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f64_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f64_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f64_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4601,53 +5297,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4732,6 +5428,30 @@ static opgen_status_t k_embedding_backward_f64_u8(const opgen_buf_t *bufs, const
     return k_embedding_backward_f64_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f64_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f64_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4764,53 +5484,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -4895,6 +5615,30 @@ static opgen_status_t k_embedding_backward_f64_u16(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f64_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f64_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f64_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4927,53 +5671,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -5058,6 +5802,30 @@ static opgen_status_t k_embedding_backward_f64_u32(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f64_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward_f64_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward_f64_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5090,53 +5858,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -5221,6 +5989,30 @@ static opgen_status_t k_embedding_backward_f64_u64(const opgen_buf_t *bufs, cons
     return k_embedding_backward_f64_u64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f16_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5383,6 +6175,30 @@ static opgen_status_t k_embedding_backward__i2_f16_i8(const opgen_buf_t *bufs, c
     return k_embedding_backward__i2_f16_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f16_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f16_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5545,6 +6361,30 @@ static opgen_status_t k_embedding_backward__i2_f16_i16(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f16_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f16_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f16_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5707,6 +6547,30 @@ static opgen_status_t k_embedding_backward__i2_f16_i32(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f16_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f16_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f16_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5869,6 +6733,30 @@ static opgen_status_t k_embedding_backward__i2_f16_i64(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f16_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f16_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f16_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -6031,6 +6919,30 @@ static opgen_status_t k_embedding_backward__i2_f16_u8(const opgen_buf_t *bufs, c
     return k_embedding_backward__i2_f16_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f16_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f16_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -6193,6 +7105,30 @@ static opgen_status_t k_embedding_backward__i2_f16_u16(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f16_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f16_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f16_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -6355,6 +7291,30 @@ static opgen_status_t k_embedding_backward__i2_f16_u32(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f16_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f16_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f16_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -6517,6 +7477,30 @@ static opgen_status_t k_embedding_backward__i2_f16_u64(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f16_u64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_bf16_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -6679,6 +7663,30 @@ static opgen_status_t k_embedding_backward__i2_bf16_i8(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_bf16_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_bf16_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_bf16_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -6841,6 +7849,30 @@ static opgen_status_t k_embedding_backward__i2_bf16_i16(const opgen_buf_t *bufs,
     return k_embedding_backward__i2_bf16_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_bf16_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_bf16_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7003,6 +8035,30 @@ static opgen_status_t k_embedding_backward__i2_bf16_i32(const opgen_buf_t *bufs,
     return k_embedding_backward__i2_bf16_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_bf16_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_bf16_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7165,6 +8221,30 @@ static opgen_status_t k_embedding_backward__i2_bf16_i64(const opgen_buf_t *bufs,
     return k_embedding_backward__i2_bf16_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_bf16_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_bf16_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7327,6 +8407,30 @@ static opgen_status_t k_embedding_backward__i2_bf16_u8(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_bf16_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_bf16_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_bf16_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7489,6 +8593,30 @@ static opgen_status_t k_embedding_backward__i2_bf16_u16(const opgen_buf_t *bufs,
     return k_embedding_backward__i2_bf16_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_bf16_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_bf16_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7651,6 +8779,30 @@ static opgen_status_t k_embedding_backward__i2_bf16_u32(const opgen_buf_t *bufs,
     return k_embedding_backward__i2_bf16_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_bf16_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_bf16_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7813,6 +8965,30 @@ static opgen_status_t k_embedding_backward__i2_bf16_u64(const opgen_buf_t *bufs,
     return k_embedding_backward__i2_bf16_u64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f32_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f32_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7975,6 +9151,30 @@ static opgen_status_t k_embedding_backward__i2_f32_i8(const opgen_buf_t *bufs, c
     return k_embedding_backward__i2_f32_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f32_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f32_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -8137,6 +9337,30 @@ static opgen_status_t k_embedding_backward__i2_f32_i16(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f32_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f32_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f32_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -8299,6 +9523,30 @@ static opgen_status_t k_embedding_backward__i2_f32_i32(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f32_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f32_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f32_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -8461,6 +9709,30 @@ static opgen_status_t k_embedding_backward__i2_f32_i64(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f32_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f32_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f32_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -8623,6 +9895,30 @@ static opgen_status_t k_embedding_backward__i2_f32_u8(const opgen_buf_t *bufs, c
     return k_embedding_backward__i2_f32_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f32_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f32_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -8785,6 +10081,30 @@ static opgen_status_t k_embedding_backward__i2_f32_u16(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f32_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f32_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f32_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -8947,6 +10267,30 @@ static opgen_status_t k_embedding_backward__i2_f32_u32(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f32_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f32_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f32_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -9109,6 +10453,30 @@ static opgen_status_t k_embedding_backward__i2_f32_u64(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f32_u64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f64_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -9271,6 +10639,30 @@ static opgen_status_t k_embedding_backward__i2_f64_i8(const opgen_buf_t *bufs, c
     return k_embedding_backward__i2_f64_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f64_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -9433,6 +10825,30 @@ static opgen_status_t k_embedding_backward__i2_f64_i16(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f64_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f64_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -9595,6 +11011,30 @@ static opgen_status_t k_embedding_backward__i2_f64_i32(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f64_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f64_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -9757,6 +11197,30 @@ static opgen_status_t k_embedding_backward__i2_f64_i64(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f64_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f64_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -9919,6 +11383,30 @@ static opgen_status_t k_embedding_backward__i2_f64_u8(const opgen_buf_t *bufs, c
     return k_embedding_backward__i2_f64_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f64_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -10081,6 +11569,30 @@ static opgen_status_t k_embedding_backward__i2_f64_u16(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f64_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f64_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -10243,6 +11755,30 @@ static opgen_status_t k_embedding_backward__i2_f64_u32(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f64_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_f64_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_f64_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -10405,6 +11941,33 @@ static opgen_status_t k_embedding_backward__i2_f64_u64(const opgen_buf_t *bufs, 
     return k_embedding_backward__i2_f64_u64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f16_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -10440,53 +12003,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -10574,6 +12137,33 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i8(const opgen_buf_t *bu
     return k_embedding_backward__dtable2_f16_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f16_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f16_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -10609,53 +12199,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -10743,6 +12333,33 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i16(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f16_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f16_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f16_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -10778,53 +12395,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -10912,6 +12529,33 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i32(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f16_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f16_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f16_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -10947,53 +12591,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = v8;
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = v10;
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -11081,6 +12725,33 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i64(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f16_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f16_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f16_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -11116,53 +12787,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -11250,6 +12921,33 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u8(const opgen_buf_t *bu
     return k_embedding_backward__dtable2_f16_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f16_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f16_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -11285,53 +12983,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -11419,6 +13117,33 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u16(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f16_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f16_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f16_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -11454,53 +13179,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -11588,6 +13313,33 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u32(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f16_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f16_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f16_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -11623,53 +13375,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_f16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_f16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_f16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_f16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_f16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -11757,6 +13509,33 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u64(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f16_u64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_bf16_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -11792,53 +13571,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -11926,6 +13705,33 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i8(const opgen_buf_t *b
     return k_embedding_backward__dtable2_bf16_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_bf16_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_bf16_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -11961,53 +13767,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -12095,6 +13901,33 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i16(const opgen_buf_t *
     return k_embedding_backward__dtable2_bf16_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_bf16_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_bf16_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -12130,53 +13963,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -12264,6 +14097,33 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i32(const opgen_buf_t *
     return k_embedding_backward__dtable2_bf16_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_bf16_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_bf16_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -12299,53 +14159,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = v8;
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = v10;
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -12433,6 +14293,33 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i64(const opgen_buf_t *
     return k_embedding_backward__dtable2_bf16_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_bf16_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_bf16_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -12468,53 +14355,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -12602,6 +14489,33 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u8(const opgen_buf_t *b
     return k_embedding_backward__dtable2_bf16_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_bf16_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_bf16_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -12637,53 +14551,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -12771,6 +14685,33 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u16(const opgen_buf_t *
     return k_embedding_backward__dtable2_bf16_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_bf16_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_bf16_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -12806,53 +14747,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -12940,6 +14881,33 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u32(const opgen_buf_t *
     return k_embedding_backward__dtable2_bf16_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_bf16_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const uint16_t *restrict dtable2 = (const uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_bf16_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -12975,53 +14943,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = opgen_bf16_to_f32(dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = opgen_bf16_to_f32(dy[v29 * st_dy_0 + i30]);
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = opgen_bf16_to_f32(dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = opgen_bf16_to_f32(dtable1[i23 * st_dtable1_0 + i33]);
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = opgen_f32_to_bf16(v37);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -13109,6 +15077,33 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u64(const opgen_buf_t *
     return k_embedding_backward__dtable2_bf16_u64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f32_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f32_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -13144,53 +15139,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -13278,6 +15273,33 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i8(const opgen_buf_t *bu
     return k_embedding_backward__dtable2_f32_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f32_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f32_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -13313,53 +15335,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -13447,6 +15469,33 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i16(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f32_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f32_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f32_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -13482,53 +15531,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -13616,6 +15665,33 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i32(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f32_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f32_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f32_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -13651,53 +15727,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = v8;
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = v10;
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -13785,6 +15861,33 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i64(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f32_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f32_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f32_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -13820,53 +15923,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -13954,6 +16057,33 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u8(const opgen_buf_t *bu
     return k_embedding_backward__dtable2_f32_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f32_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f32_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -13989,53 +16119,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -14123,6 +16253,33 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u16(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f32_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f32_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f32_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -14158,53 +16315,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -14292,6 +16449,33 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u32(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f32_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f32_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const float *restrict dtable2 = (const float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f32_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -14327,53 +16511,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const float v19 = alpha1;
-    const float v20 = 0.0f;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const float v21 = alpha1;
+    const float v22 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const float v29 = dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const float v31 = dy[v29 * st_dy_0 + i30];
+                const float v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const float v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const float v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const float v35 = dtable1_acc ? v34 : v22;
+            const float v36 = l24[i33];
+            const float v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -14461,6 +16645,33 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u64(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f32_u64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f64_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f64_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -14496,53 +16707,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -14630,6 +16841,33 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i8(const opgen_buf_t *bu
     return k_embedding_backward__dtable2_f64_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f64_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f64_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -14665,53 +16903,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -14799,6 +17037,33 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i16(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f64_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f64_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f64_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -14834,53 +17099,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -14968,6 +17233,33 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i32(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f64_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f64_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f64_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -15003,53 +17295,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const int64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = v8;
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const int64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = v10;
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -15137,6 +17429,33 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i64(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f64_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f64_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f64_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -15172,53 +17491,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint8_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint8_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -15306,6 +17625,33 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u8(const opgen_buf_t *bu
     return k_embedding_backward__dtable2_f64_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f64_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f64_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -15341,53 +17687,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint16_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint16_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -15475,6 +17821,33 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u16(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f64_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f64_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f64_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -15510,53 +17883,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint32_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint32_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -15644,6 +18017,33 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u32(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f64_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__dtable2_f64_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    const double *restrict dtable2 = (const double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    const float v1 = 0.0f;
+    const bool v2 = alpha2 == v1;
+    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__dtable2_f64_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -15679,53 +18079,53 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t3 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const float v1 = 0.0f;
-    const bool v2 = alpha2 == v1;
-    if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_N1;
-    for (int64_t i7 = v4; i7 < v5; i7++) {
-        const uint64_t v8 = i1[i7 * st_i1_0];
-        const int64_t v9 = (int64_t)(v8);
-        const bool v10 = v9 >= v4;
-        const bool v11 = v9 < v6;
-        const bool v12 = v10 && v11;
-        if (!(v12)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t3[i7] = v9;
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)(d_N1 + 1));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l24_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const float v3 = 0.0f;
+    const bool v4 = alpha2 == v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const int64_t v6 = 0ll;
+    const int64_t v7 = d_N;
+    const int64_t v8 = d_N1;
+    for (int64_t i9 = v6; i9 < v7; i9++) {
+        const uint64_t v10 = i1[i9 * st_i1_0];
+        const int64_t v11 = (int64_t)(v10);
+        const bool v12 = v11 >= v6;
+        const bool v13 = v11 < v8;
+        const bool v14 = v12 && v13;
+        if (!(v14)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i9] = v11;
     }
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_N1;
-    opgen_segments(t3, d_N, v14, t15, t16);
-    const int64_t v17 = 1ll;
-    const int64_t v18 = d_D;
-    const double v19 = (double)(alpha1);
-    const double v20 = 0.0;
+    const int64_t v15 = 0ll;
+    const int64_t v16 = d_N1;
+    opgen_segments(t5, d_N, v16, t17, t18);
+    const int64_t v19 = 1ll;
+    const int64_t v20 = d_D;
+    const double v21 = (double)(alpha1);
+    const double v22 = 0.0;
     #pragma omp parallel for schedule(static)
-    for (int64_t i21 = v13; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = t15[i21];
-        const int64_t v24 = i21 + v17;
-        const int64_t v25 = t15[v24];
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v13; i28 < v18; i28++) {
-                const double v29 = dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i23 = v15; i23 < v16; i23++) {
+        double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l24, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v25 = t17[i23];
+        const int64_t v26 = i23 + v19;
+        const int64_t v27 = t17[v26];
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t18[i28];
+            for (int64_t i30 = v15; i30 < v20; i30++) {
+                const double v31 = dy[v29 * st_dy_0 + i30];
+                const double v32 = v31 * v21;
+                l24[i30] += v32;
             }
         }
-        for (int64_t i31 = v13; i31 < v18; i31++) {
-            const double v32 = dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i33 = v15; i33 < v20; i33++) {
+            const double v34 = dtable1[i23 * st_dtable1_0 + i33];
+            const double v35 = dtable1_acc ? v34 : v22;
+            const double v36 = l24[i33];
+            const double v37 = v35 + v36;
+            dtable1[i23 * st_dtable1_0 + i33] = v37;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -15813,6 +18213,33 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u64(const opgen_buf_t *b
     return k_embedding_backward__dtable2_f64_u64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -16077,6 +18504,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8(const opgen_buf_t 
     return k_embedding_backward__i2_dtable2_f16_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f16_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -16341,6 +18795,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f16_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f16_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -16605,6 +19086,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f16_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f16_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -16869,6 +19377,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f16_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f16_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -17133,6 +19668,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8(const opgen_buf_t 
     return k_embedding_backward__i2_dtable2_f16_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f16_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -17397,6 +19959,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f16_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f16_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -17661,6 +20250,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f16_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f16_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -17925,6 +20541,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f16_u64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -18189,6 +20832,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_bf16_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_bf16_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -18453,6 +21123,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16(const opgen_buf_
     return k_embedding_backward__i2_dtable2_bf16_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_bf16_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -18717,6 +21414,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32(const opgen_buf_
     return k_embedding_backward__i2_dtable2_bf16_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_bf16_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -18981,6 +21705,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64(const opgen_buf_
     return k_embedding_backward__i2_dtable2_bf16_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_bf16_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -19245,6 +21996,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_bf16_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_bf16_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -19509,6 +22287,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16(const opgen_buf_
     return k_embedding_backward__i2_dtable2_bf16_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_bf16_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -19773,6 +22578,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32(const opgen_buf_
     return k_embedding_backward__i2_dtable2_bf16_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    uint16_t *restrict dtable1 = (uint16_t *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    uint16_t *restrict dtable2 = (uint16_t *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_bf16_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -20037,6 +22869,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64(const opgen_buf_
     return k_embedding_backward__i2_dtable2_bf16_u64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f32_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -20301,6 +23160,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8(const opgen_buf_t 
     return k_embedding_backward__i2_dtable2_f32_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f32_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -20565,6 +23451,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f32_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f32_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -20829,6 +23742,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f32_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f32_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -21093,6 +24033,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f32_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f32_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -21357,6 +24324,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8(const opgen_buf_t 
     return k_embedding_backward__i2_dtable2_f32_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f32_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -21621,6 +24615,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f32_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f32_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -21885,6 +24906,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f32_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict dy = (const float *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    float *restrict dtable1 = (float *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    float *restrict dtable2 = (float *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f32_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -22149,6 +25197,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f32_u64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int8_t *restrict i1 = (const int8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int8_t *restrict i2 = (const int8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f64_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -22413,6 +25488,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8(const opgen_buf_t 
     return k_embedding_backward__i2_dtable2_f64_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int16_t *restrict i1 = (const int16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int16_t *restrict i2 = (const int16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f64_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -22677,6 +25779,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f64_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int32_t *restrict i1 = (const int32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int32_t *restrict i2 = (const int32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f64_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -22941,6 +26070,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f64_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const int64_t *restrict i1 = (const int64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const int64_t *restrict i2 = (const int64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f64_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -23205,6 +26361,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f64_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint8_t *restrict i1 = (const uint8_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint8_t *restrict i2 = (const uint8_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f64_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -23469,6 +26652,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8(const opgen_buf_t 
     return k_embedding_backward__i2_dtable2_f64_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint16_t *restrict i1 = (const uint16_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint16_t *restrict i2 = (const uint16_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f64_u16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -23733,6 +26943,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f64_u16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint32_t *restrict i1 = (const uint32_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint32_t *restrict i2 = (const uint32_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f64_u32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -23997,6 +27234,33 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32(const opgen_buf_t
     return k_embedding_backward__i2_dtable2_f64_u32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_backward__i2_dtable2_f64_u64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const double *restrict dy = (const double *)bufs[0].data;
+    const int64_t st_dy_0 = bufs[0].st[0];
+    (void)dy; (void)st_dy_0;
+    const uint64_t *restrict i1 = (const uint64_t *)bufs[1].data;
+    const int64_t st_i1_0 = bufs[1].st[0];
+    (void)i1; (void)st_i1_0;
+    const uint64_t *restrict i2 = (const uint64_t *)bufs[2].data;
+    const int64_t st_i2_0 = bufs[2].st[0];
+    (void)i2; (void)st_i2_0;
+    const float alpha1 = sc[3].f; (void)alpha1;
+    const float alpha2 = sc[4].f; (void)alpha2;
+    const bool dtable1_acc = sc[5].b; (void)dtable1_acc;
+    const bool dtable2_acc = sc[6].b; (void)dtable2_acc;
+    double *restrict dtable1 = (double *)bufs[7].data;
+    const int64_t st_dtable1_0 = bufs[7].st[0];
+    (void)dtable1; (void)st_dtable1_0;
+    double *restrict dtable2 = (double *)bufs[8].data;
+    const int64_t st_dtable2_0 = bufs[8].st[0];
+    (void)dtable2; (void)st_dtable2_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_N1 = dims[2]; (void)d_N1;
+    const int64_t d_N2 = dims[3]; (void)d_N2;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_backward__i2_dtable2_f64_u64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -24274,140 +27538,140 @@ static const opgen_param_t P_embedding_backward[] = {
 };
 static const char *const D_embedding_backward[] = {"N", "D", "N1", "N2"};
 static const opgen_kernel_entry_t K_embedding_backward[] = {
-    {{9, 1}, k_embedding_backward_f16_i8, k_embedding_backward_f16_i8_ws},
-    {{9, 2}, k_embedding_backward_f16_i16, k_embedding_backward_f16_i16_ws},
-    {{9, 3}, k_embedding_backward_f16_i32, k_embedding_backward_f16_i32_ws},
-    {{9, 4}, k_embedding_backward_f16_i64, k_embedding_backward_f16_i64_ws},
-    {{9, 5}, k_embedding_backward_f16_u8, k_embedding_backward_f16_u8_ws},
-    {{9, 6}, k_embedding_backward_f16_u16, k_embedding_backward_f16_u16_ws},
-    {{9, 7}, k_embedding_backward_f16_u32, k_embedding_backward_f16_u32_ws},
-    {{9, 8}, k_embedding_backward_f16_u64, k_embedding_backward_f16_u64_ws},
-    {{10, 1}, k_embedding_backward_bf16_i8, k_embedding_backward_bf16_i8_ws},
-    {{10, 2}, k_embedding_backward_bf16_i16, k_embedding_backward_bf16_i16_ws},
-    {{10, 3}, k_embedding_backward_bf16_i32, k_embedding_backward_bf16_i32_ws},
-    {{10, 4}, k_embedding_backward_bf16_i64, k_embedding_backward_bf16_i64_ws},
-    {{10, 5}, k_embedding_backward_bf16_u8, k_embedding_backward_bf16_u8_ws},
-    {{10, 6}, k_embedding_backward_bf16_u16, k_embedding_backward_bf16_u16_ws},
-    {{10, 7}, k_embedding_backward_bf16_u32, k_embedding_backward_bf16_u32_ws},
-    {{10, 8}, k_embedding_backward_bf16_u64, k_embedding_backward_bf16_u64_ws},
-    {{11, 1}, k_embedding_backward_f32_i8, k_embedding_backward_f32_i8_ws},
-    {{11, 2}, k_embedding_backward_f32_i16, k_embedding_backward_f32_i16_ws},
-    {{11, 3}, k_embedding_backward_f32_i32, k_embedding_backward_f32_i32_ws},
-    {{11, 4}, k_embedding_backward_f32_i64, k_embedding_backward_f32_i64_ws},
-    {{11, 5}, k_embedding_backward_f32_u8, k_embedding_backward_f32_u8_ws},
-    {{11, 6}, k_embedding_backward_f32_u16, k_embedding_backward_f32_u16_ws},
-    {{11, 7}, k_embedding_backward_f32_u32, k_embedding_backward_f32_u32_ws},
-    {{11, 8}, k_embedding_backward_f32_u64, k_embedding_backward_f32_u64_ws},
-    {{12, 1}, k_embedding_backward_f64_i8, k_embedding_backward_f64_i8_ws},
-    {{12, 2}, k_embedding_backward_f64_i16, k_embedding_backward_f64_i16_ws},
-    {{12, 3}, k_embedding_backward_f64_i32, k_embedding_backward_f64_i32_ws},
-    {{12, 4}, k_embedding_backward_f64_i64, k_embedding_backward_f64_i64_ws},
-    {{12, 5}, k_embedding_backward_f64_u8, k_embedding_backward_f64_u8_ws},
-    {{12, 6}, k_embedding_backward_f64_u16, k_embedding_backward_f64_u16_ws},
-    {{12, 7}, k_embedding_backward_f64_u32, k_embedding_backward_f64_u32_ws},
-    {{12, 8}, k_embedding_backward_f64_u64, k_embedding_backward_f64_u64_ws}
+    {{9, 1}, k_embedding_backward_f16_i8, k_embedding_backward_f16_i8_ws, k_embedding_backward_f16_i8_pre},
+    {{9, 2}, k_embedding_backward_f16_i16, k_embedding_backward_f16_i16_ws, k_embedding_backward_f16_i16_pre},
+    {{9, 3}, k_embedding_backward_f16_i32, k_embedding_backward_f16_i32_ws, k_embedding_backward_f16_i32_pre},
+    {{9, 4}, k_embedding_backward_f16_i64, k_embedding_backward_f16_i64_ws, k_embedding_backward_f16_i64_pre},
+    {{9, 5}, k_embedding_backward_f16_u8, k_embedding_backward_f16_u8_ws, k_embedding_backward_f16_u8_pre},
+    {{9, 6}, k_embedding_backward_f16_u16, k_embedding_backward_f16_u16_ws, k_embedding_backward_f16_u16_pre},
+    {{9, 7}, k_embedding_backward_f16_u32, k_embedding_backward_f16_u32_ws, k_embedding_backward_f16_u32_pre},
+    {{9, 8}, k_embedding_backward_f16_u64, k_embedding_backward_f16_u64_ws, k_embedding_backward_f16_u64_pre},
+    {{10, 1}, k_embedding_backward_bf16_i8, k_embedding_backward_bf16_i8_ws, k_embedding_backward_bf16_i8_pre},
+    {{10, 2}, k_embedding_backward_bf16_i16, k_embedding_backward_bf16_i16_ws, k_embedding_backward_bf16_i16_pre},
+    {{10, 3}, k_embedding_backward_bf16_i32, k_embedding_backward_bf16_i32_ws, k_embedding_backward_bf16_i32_pre},
+    {{10, 4}, k_embedding_backward_bf16_i64, k_embedding_backward_bf16_i64_ws, k_embedding_backward_bf16_i64_pre},
+    {{10, 5}, k_embedding_backward_bf16_u8, k_embedding_backward_bf16_u8_ws, k_embedding_backward_bf16_u8_pre},
+    {{10, 6}, k_embedding_backward_bf16_u16, k_embedding_backward_bf16_u16_ws, k_embedding_backward_bf16_u16_pre},
+    {{10, 7}, k_embedding_backward_bf16_u32, k_embedding_backward_bf16_u32_ws, k_embedding_backward_bf16_u32_pre},
+    {{10, 8}, k_embedding_backward_bf16_u64, k_embedding_backward_bf16_u64_ws, k_embedding_backward_bf16_u64_pre},
+    {{11, 1}, k_embedding_backward_f32_i8, k_embedding_backward_f32_i8_ws, k_embedding_backward_f32_i8_pre},
+    {{11, 2}, k_embedding_backward_f32_i16, k_embedding_backward_f32_i16_ws, k_embedding_backward_f32_i16_pre},
+    {{11, 3}, k_embedding_backward_f32_i32, k_embedding_backward_f32_i32_ws, k_embedding_backward_f32_i32_pre},
+    {{11, 4}, k_embedding_backward_f32_i64, k_embedding_backward_f32_i64_ws, k_embedding_backward_f32_i64_pre},
+    {{11, 5}, k_embedding_backward_f32_u8, k_embedding_backward_f32_u8_ws, k_embedding_backward_f32_u8_pre},
+    {{11, 6}, k_embedding_backward_f32_u16, k_embedding_backward_f32_u16_ws, k_embedding_backward_f32_u16_pre},
+    {{11, 7}, k_embedding_backward_f32_u32, k_embedding_backward_f32_u32_ws, k_embedding_backward_f32_u32_pre},
+    {{11, 8}, k_embedding_backward_f32_u64, k_embedding_backward_f32_u64_ws, k_embedding_backward_f32_u64_pre},
+    {{12, 1}, k_embedding_backward_f64_i8, k_embedding_backward_f64_i8_ws, k_embedding_backward_f64_i8_pre},
+    {{12, 2}, k_embedding_backward_f64_i16, k_embedding_backward_f64_i16_ws, k_embedding_backward_f64_i16_pre},
+    {{12, 3}, k_embedding_backward_f64_i32, k_embedding_backward_f64_i32_ws, k_embedding_backward_f64_i32_pre},
+    {{12, 4}, k_embedding_backward_f64_i64, k_embedding_backward_f64_i64_ws, k_embedding_backward_f64_i64_pre},
+    {{12, 5}, k_embedding_backward_f64_u8, k_embedding_backward_f64_u8_ws, k_embedding_backward_f64_u8_pre},
+    {{12, 6}, k_embedding_backward_f64_u16, k_embedding_backward_f64_u16_ws, k_embedding_backward_f64_u16_pre},
+    {{12, 7}, k_embedding_backward_f64_u32, k_embedding_backward_f64_u32_ws, k_embedding_backward_f64_u32_pre},
+    {{12, 8}, k_embedding_backward_f64_u64, k_embedding_backward_f64_u64_ws, k_embedding_backward_f64_u64_pre}
 };
 static const opgen_kernel_entry_t K_embedding_backward__i2[] = {
-    {{9, 1}, k_embedding_backward__i2_f16_i8, k_embedding_backward__i2_f16_i8_ws},
-    {{9, 2}, k_embedding_backward__i2_f16_i16, k_embedding_backward__i2_f16_i16_ws},
-    {{9, 3}, k_embedding_backward__i2_f16_i32, k_embedding_backward__i2_f16_i32_ws},
-    {{9, 4}, k_embedding_backward__i2_f16_i64, k_embedding_backward__i2_f16_i64_ws},
-    {{9, 5}, k_embedding_backward__i2_f16_u8, k_embedding_backward__i2_f16_u8_ws},
-    {{9, 6}, k_embedding_backward__i2_f16_u16, k_embedding_backward__i2_f16_u16_ws},
-    {{9, 7}, k_embedding_backward__i2_f16_u32, k_embedding_backward__i2_f16_u32_ws},
-    {{9, 8}, k_embedding_backward__i2_f16_u64, k_embedding_backward__i2_f16_u64_ws},
-    {{10, 1}, k_embedding_backward__i2_bf16_i8, k_embedding_backward__i2_bf16_i8_ws},
-    {{10, 2}, k_embedding_backward__i2_bf16_i16, k_embedding_backward__i2_bf16_i16_ws},
-    {{10, 3}, k_embedding_backward__i2_bf16_i32, k_embedding_backward__i2_bf16_i32_ws},
-    {{10, 4}, k_embedding_backward__i2_bf16_i64, k_embedding_backward__i2_bf16_i64_ws},
-    {{10, 5}, k_embedding_backward__i2_bf16_u8, k_embedding_backward__i2_bf16_u8_ws},
-    {{10, 6}, k_embedding_backward__i2_bf16_u16, k_embedding_backward__i2_bf16_u16_ws},
-    {{10, 7}, k_embedding_backward__i2_bf16_u32, k_embedding_backward__i2_bf16_u32_ws},
-    {{10, 8}, k_embedding_backward__i2_bf16_u64, k_embedding_backward__i2_bf16_u64_ws},
-    {{11, 1}, k_embedding_backward__i2_f32_i8, k_embedding_backward__i2_f32_i8_ws},
-    {{11, 2}, k_embedding_backward__i2_f32_i16, k_embedding_backward__i2_f32_i16_ws},
-    {{11, 3}, k_embedding_backward__i2_f32_i32, k_embedding_backward__i2_f32_i32_ws},
-    {{11, 4}, k_embedding_backward__i2_f32_i64, k_embedding_backward__i2_f32_i64_ws},
-    {{11, 5}, k_embedding_backward__i2_f32_u8, k_embedding_backward__i2_f32_u8_ws},
-    {{11, 6}, k_embedding_backward__i2_f32_u16, k_embedding_backward__i2_f32_u16_ws},
-    {{11, 7}, k_embedding_backward__i2_f32_u32, k_embedding_backward__i2_f32_u32_ws},
-    {{11, 8}, k_embedding_backward__i2_f32_u64, k_embedding_backward__i2_f32_u64_ws},
-    {{12, 1}, k_embedding_backward__i2_f64_i8, k_embedding_backward__i2_f64_i8_ws},
-    {{12, 2}, k_embedding_backward__i2_f64_i16, k_embedding_backward__i2_f64_i16_ws},
-    {{12, 3}, k_embedding_backward__i2_f64_i32, k_embedding_backward__i2_f64_i32_ws},
-    {{12, 4}, k_embedding_backward__i2_f64_i64, k_embedding_backward__i2_f64_i64_ws},
-    {{12, 5}, k_embedding_backward__i2_f64_u8, k_embedding_backward__i2_f64_u8_ws},
-    {{12, 6}, k_embedding_backward__i2_f64_u16, k_embedding_backward__i2_f64_u16_ws},
-    {{12, 7}, k_embedding_backward__i2_f64_u32, k_embedding_backward__i2_f64_u32_ws},
-    {{12, 8}, k_embedding_backward__i2_f64_u64, k_embedding_backward__i2_f64_u64_ws}
+    {{9, 1}, k_embedding_backward__i2_f16_i8, k_embedding_backward__i2_f16_i8_ws, k_embedding_backward__i2_f16_i8_pre},
+    {{9, 2}, k_embedding_backward__i2_f16_i16, k_embedding_backward__i2_f16_i16_ws, k_embedding_backward__i2_f16_i16_pre},
+    {{9, 3}, k_embedding_backward__i2_f16_i32, k_embedding_backward__i2_f16_i32_ws, k_embedding_backward__i2_f16_i32_pre},
+    {{9, 4}, k_embedding_backward__i2_f16_i64, k_embedding_backward__i2_f16_i64_ws, k_embedding_backward__i2_f16_i64_pre},
+    {{9, 5}, k_embedding_backward__i2_f16_u8, k_embedding_backward__i2_f16_u8_ws, k_embedding_backward__i2_f16_u8_pre},
+    {{9, 6}, k_embedding_backward__i2_f16_u16, k_embedding_backward__i2_f16_u16_ws, k_embedding_backward__i2_f16_u16_pre},
+    {{9, 7}, k_embedding_backward__i2_f16_u32, k_embedding_backward__i2_f16_u32_ws, k_embedding_backward__i2_f16_u32_pre},
+    {{9, 8}, k_embedding_backward__i2_f16_u64, k_embedding_backward__i2_f16_u64_ws, k_embedding_backward__i2_f16_u64_pre},
+    {{10, 1}, k_embedding_backward__i2_bf16_i8, k_embedding_backward__i2_bf16_i8_ws, k_embedding_backward__i2_bf16_i8_pre},
+    {{10, 2}, k_embedding_backward__i2_bf16_i16, k_embedding_backward__i2_bf16_i16_ws, k_embedding_backward__i2_bf16_i16_pre},
+    {{10, 3}, k_embedding_backward__i2_bf16_i32, k_embedding_backward__i2_bf16_i32_ws, k_embedding_backward__i2_bf16_i32_pre},
+    {{10, 4}, k_embedding_backward__i2_bf16_i64, k_embedding_backward__i2_bf16_i64_ws, k_embedding_backward__i2_bf16_i64_pre},
+    {{10, 5}, k_embedding_backward__i2_bf16_u8, k_embedding_backward__i2_bf16_u8_ws, k_embedding_backward__i2_bf16_u8_pre},
+    {{10, 6}, k_embedding_backward__i2_bf16_u16, k_embedding_backward__i2_bf16_u16_ws, k_embedding_backward__i2_bf16_u16_pre},
+    {{10, 7}, k_embedding_backward__i2_bf16_u32, k_embedding_backward__i2_bf16_u32_ws, k_embedding_backward__i2_bf16_u32_pre},
+    {{10, 8}, k_embedding_backward__i2_bf16_u64, k_embedding_backward__i2_bf16_u64_ws, k_embedding_backward__i2_bf16_u64_pre},
+    {{11, 1}, k_embedding_backward__i2_f32_i8, k_embedding_backward__i2_f32_i8_ws, k_embedding_backward__i2_f32_i8_pre},
+    {{11, 2}, k_embedding_backward__i2_f32_i16, k_embedding_backward__i2_f32_i16_ws, k_embedding_backward__i2_f32_i16_pre},
+    {{11, 3}, k_embedding_backward__i2_f32_i32, k_embedding_backward__i2_f32_i32_ws, k_embedding_backward__i2_f32_i32_pre},
+    {{11, 4}, k_embedding_backward__i2_f32_i64, k_embedding_backward__i2_f32_i64_ws, k_embedding_backward__i2_f32_i64_pre},
+    {{11, 5}, k_embedding_backward__i2_f32_u8, k_embedding_backward__i2_f32_u8_ws, k_embedding_backward__i2_f32_u8_pre},
+    {{11, 6}, k_embedding_backward__i2_f32_u16, k_embedding_backward__i2_f32_u16_ws, k_embedding_backward__i2_f32_u16_pre},
+    {{11, 7}, k_embedding_backward__i2_f32_u32, k_embedding_backward__i2_f32_u32_ws, k_embedding_backward__i2_f32_u32_pre},
+    {{11, 8}, k_embedding_backward__i2_f32_u64, k_embedding_backward__i2_f32_u64_ws, k_embedding_backward__i2_f32_u64_pre},
+    {{12, 1}, k_embedding_backward__i2_f64_i8, k_embedding_backward__i2_f64_i8_ws, k_embedding_backward__i2_f64_i8_pre},
+    {{12, 2}, k_embedding_backward__i2_f64_i16, k_embedding_backward__i2_f64_i16_ws, k_embedding_backward__i2_f64_i16_pre},
+    {{12, 3}, k_embedding_backward__i2_f64_i32, k_embedding_backward__i2_f64_i32_ws, k_embedding_backward__i2_f64_i32_pre},
+    {{12, 4}, k_embedding_backward__i2_f64_i64, k_embedding_backward__i2_f64_i64_ws, k_embedding_backward__i2_f64_i64_pre},
+    {{12, 5}, k_embedding_backward__i2_f64_u8, k_embedding_backward__i2_f64_u8_ws, k_embedding_backward__i2_f64_u8_pre},
+    {{12, 6}, k_embedding_backward__i2_f64_u16, k_embedding_backward__i2_f64_u16_ws, k_embedding_backward__i2_f64_u16_pre},
+    {{12, 7}, k_embedding_backward__i2_f64_u32, k_embedding_backward__i2_f64_u32_ws, k_embedding_backward__i2_f64_u32_pre},
+    {{12, 8}, k_embedding_backward__i2_f64_u64, k_embedding_backward__i2_f64_u64_ws, k_embedding_backward__i2_f64_u64_pre}
 };
 static const opgen_kernel_entry_t K_embedding_backward__dtable2[] = {
-    {{9, 1}, k_embedding_backward__dtable2_f16_i8, k_embedding_backward__dtable2_f16_i8_ws},
-    {{9, 2}, k_embedding_backward__dtable2_f16_i16, k_embedding_backward__dtable2_f16_i16_ws},
-    {{9, 3}, k_embedding_backward__dtable2_f16_i32, k_embedding_backward__dtable2_f16_i32_ws},
-    {{9, 4}, k_embedding_backward__dtable2_f16_i64, k_embedding_backward__dtable2_f16_i64_ws},
-    {{9, 5}, k_embedding_backward__dtable2_f16_u8, k_embedding_backward__dtable2_f16_u8_ws},
-    {{9, 6}, k_embedding_backward__dtable2_f16_u16, k_embedding_backward__dtable2_f16_u16_ws},
-    {{9, 7}, k_embedding_backward__dtable2_f16_u32, k_embedding_backward__dtable2_f16_u32_ws},
-    {{9, 8}, k_embedding_backward__dtable2_f16_u64, k_embedding_backward__dtable2_f16_u64_ws},
-    {{10, 1}, k_embedding_backward__dtable2_bf16_i8, k_embedding_backward__dtable2_bf16_i8_ws},
-    {{10, 2}, k_embedding_backward__dtable2_bf16_i16, k_embedding_backward__dtable2_bf16_i16_ws},
-    {{10, 3}, k_embedding_backward__dtable2_bf16_i32, k_embedding_backward__dtable2_bf16_i32_ws},
-    {{10, 4}, k_embedding_backward__dtable2_bf16_i64, k_embedding_backward__dtable2_bf16_i64_ws},
-    {{10, 5}, k_embedding_backward__dtable2_bf16_u8, k_embedding_backward__dtable2_bf16_u8_ws},
-    {{10, 6}, k_embedding_backward__dtable2_bf16_u16, k_embedding_backward__dtable2_bf16_u16_ws},
-    {{10, 7}, k_embedding_backward__dtable2_bf16_u32, k_embedding_backward__dtable2_bf16_u32_ws},
-    {{10, 8}, k_embedding_backward__dtable2_bf16_u64, k_embedding_backward__dtable2_bf16_u64_ws},
-    {{11, 1}, k_embedding_backward__dtable2_f32_i8, k_embedding_backward__dtable2_f32_i8_ws},
-    {{11, 2}, k_embedding_backward__dtable2_f32_i16, k_embedding_backward__dtable2_f32_i16_ws},
-    {{11, 3}, k_embedding_backward__dtable2_f32_i32, k_embedding_backward__dtable2_f32_i32_ws},
-    {{11, 4}, k_embedding_backward__dtable2_f32_i64, k_embedding_backward__dtable2_f32_i64_ws},
-    {{11, 5}, k_embedding_backward__dtable2_f32_u8, k_embedding_backward__dtable2_f32_u8_ws},
-    {{11, 6}, k_embedding_backward__dtable2_f32_u16, k_embedding_backward__dtable2_f32_u16_ws},
-    {{11, 7}, k_embedding_backward__dtable2_f32_u32, k_embedding_backward__dtable2_f32_u32_ws},
-    {{11, 8}, k_embedding_backward__dtable2_f32_u64, k_embedding_backward__dtable2_f32_u64_ws},
-    {{12, 1}, k_embedding_backward__dtable2_f64_i8, k_embedding_backward__dtable2_f64_i8_ws},
-    {{12, 2}, k_embedding_backward__dtable2_f64_i16, k_embedding_backward__dtable2_f64_i16_ws},
-    {{12, 3}, k_embedding_backward__dtable2_f64_i32, k_embedding_backward__dtable2_f64_i32_ws},
-    {{12, 4}, k_embedding_backward__dtable2_f64_i64, k_embedding_backward__dtable2_f64_i64_ws},
-    {{12, 5}, k_embedding_backward__dtable2_f64_u8, k_embedding_backward__dtable2_f64_u8_ws},
-    {{12, 6}, k_embedding_backward__dtable2_f64_u16, k_embedding_backward__dtable2_f64_u16_ws},
-    {{12, 7}, k_embedding_backward__dtable2_f64_u32, k_embedding_backward__dtable2_f64_u32_ws},
-    {{12, 8}, k_embedding_backward__dtable2_f64_u64, k_embedding_backward__dtable2_f64_u64_ws}
+    {{9, 1}, k_embedding_backward__dtable2_f16_i8, k_embedding_backward__dtable2_f16_i8_ws, k_embedding_backward__dtable2_f16_i8_pre},
+    {{9, 2}, k_embedding_backward__dtable2_f16_i16, k_embedding_backward__dtable2_f16_i16_ws, k_embedding_backward__dtable2_f16_i16_pre},
+    {{9, 3}, k_embedding_backward__dtable2_f16_i32, k_embedding_backward__dtable2_f16_i32_ws, k_embedding_backward__dtable2_f16_i32_pre},
+    {{9, 4}, k_embedding_backward__dtable2_f16_i64, k_embedding_backward__dtable2_f16_i64_ws, k_embedding_backward__dtable2_f16_i64_pre},
+    {{9, 5}, k_embedding_backward__dtable2_f16_u8, k_embedding_backward__dtable2_f16_u8_ws, k_embedding_backward__dtable2_f16_u8_pre},
+    {{9, 6}, k_embedding_backward__dtable2_f16_u16, k_embedding_backward__dtable2_f16_u16_ws, k_embedding_backward__dtable2_f16_u16_pre},
+    {{9, 7}, k_embedding_backward__dtable2_f16_u32, k_embedding_backward__dtable2_f16_u32_ws, k_embedding_backward__dtable2_f16_u32_pre},
+    {{9, 8}, k_embedding_backward__dtable2_f16_u64, k_embedding_backward__dtable2_f16_u64_ws, k_embedding_backward__dtable2_f16_u64_pre},
+    {{10, 1}, k_embedding_backward__dtable2_bf16_i8, k_embedding_backward__dtable2_bf16_i8_ws, k_embedding_backward__dtable2_bf16_i8_pre},
+    {{10, 2}, k_embedding_backward__dtable2_bf16_i16, k_embedding_backward__dtable2_bf16_i16_ws, k_embedding_backward__dtable2_bf16_i16_pre},
+    {{10, 3}, k_embedding_backward__dtable2_bf16_i32, k_embedding_backward__dtable2_bf16_i32_ws, k_embedding_backward__dtable2_bf16_i32_pre},
+    {{10, 4}, k_embedding_backward__dtable2_bf16_i64, k_embedding_backward__dtable2_bf16_i64_ws, k_embedding_backward__dtable2_bf16_i64_pre},
+    {{10, 5}, k_embedding_backward__dtable2_bf16_u8, k_embedding_backward__dtable2_bf16_u8_ws, k_embedding_backward__dtable2_bf16_u8_pre},
+    {{10, 6}, k_embedding_backward__dtable2_bf16_u16, k_embedding_backward__dtable2_bf16_u16_ws, k_embedding_backward__dtable2_bf16_u16_pre},
+    {{10, 7}, k_embedding_backward__dtable2_bf16_u32, k_embedding_backward__dtable2_bf16_u32_ws, k_embedding_backward__dtable2_bf16_u32_pre},
+    {{10, 8}, k_embedding_backward__dtable2_bf16_u64, k_embedding_backward__dtable2_bf16_u64_ws, k_embedding_backward__dtable2_bf16_u64_pre},
+    {{11, 1}, k_embedding_backward__dtable2_f32_i8, k_embedding_backward__dtable2_f32_i8_ws, k_embedding_backward__dtable2_f32_i8_pre},
+    {{11, 2}, k_embedding_backward__dtable2_f32_i16, k_embedding_backward__dtable2_f32_i16_ws, k_embedding_backward__dtable2_f32_i16_pre},
+    {{11, 3}, k_embedding_backward__dtable2_f32_i32, k_embedding_backward__dtable2_f32_i32_ws, k_embedding_backward__dtable2_f32_i32_pre},
+    {{11, 4}, k_embedding_backward__dtable2_f32_i64, k_embedding_backward__dtable2_f32_i64_ws, k_embedding_backward__dtable2_f32_i64_pre},
+    {{11, 5}, k_embedding_backward__dtable2_f32_u8, k_embedding_backward__dtable2_f32_u8_ws, k_embedding_backward__dtable2_f32_u8_pre},
+    {{11, 6}, k_embedding_backward__dtable2_f32_u16, k_embedding_backward__dtable2_f32_u16_ws, k_embedding_backward__dtable2_f32_u16_pre},
+    {{11, 7}, k_embedding_backward__dtable2_f32_u32, k_embedding_backward__dtable2_f32_u32_ws, k_embedding_backward__dtable2_f32_u32_pre},
+    {{11, 8}, k_embedding_backward__dtable2_f32_u64, k_embedding_backward__dtable2_f32_u64_ws, k_embedding_backward__dtable2_f32_u64_pre},
+    {{12, 1}, k_embedding_backward__dtable2_f64_i8, k_embedding_backward__dtable2_f64_i8_ws, k_embedding_backward__dtable2_f64_i8_pre},
+    {{12, 2}, k_embedding_backward__dtable2_f64_i16, k_embedding_backward__dtable2_f64_i16_ws, k_embedding_backward__dtable2_f64_i16_pre},
+    {{12, 3}, k_embedding_backward__dtable2_f64_i32, k_embedding_backward__dtable2_f64_i32_ws, k_embedding_backward__dtable2_f64_i32_pre},
+    {{12, 4}, k_embedding_backward__dtable2_f64_i64, k_embedding_backward__dtable2_f64_i64_ws, k_embedding_backward__dtable2_f64_i64_pre},
+    {{12, 5}, k_embedding_backward__dtable2_f64_u8, k_embedding_backward__dtable2_f64_u8_ws, k_embedding_backward__dtable2_f64_u8_pre},
+    {{12, 6}, k_embedding_backward__dtable2_f64_u16, k_embedding_backward__dtable2_f64_u16_ws, k_embedding_backward__dtable2_f64_u16_pre},
+    {{12, 7}, k_embedding_backward__dtable2_f64_u32, k_embedding_backward__dtable2_f64_u32_ws, k_embedding_backward__dtable2_f64_u32_pre},
+    {{12, 8}, k_embedding_backward__dtable2_f64_u64, k_embedding_backward__dtable2_f64_u64_ws, k_embedding_backward__dtable2_f64_u64_pre}
 };
 static const opgen_kernel_entry_t K_embedding_backward__i2_dtable2[] = {
-    {{9, 1}, k_embedding_backward__i2_dtable2_f16_i8, k_embedding_backward__i2_dtable2_f16_i8_ws},
-    {{9, 2}, k_embedding_backward__i2_dtable2_f16_i16, k_embedding_backward__i2_dtable2_f16_i16_ws},
-    {{9, 3}, k_embedding_backward__i2_dtable2_f16_i32, k_embedding_backward__i2_dtable2_f16_i32_ws},
-    {{9, 4}, k_embedding_backward__i2_dtable2_f16_i64, k_embedding_backward__i2_dtable2_f16_i64_ws},
-    {{9, 5}, k_embedding_backward__i2_dtable2_f16_u8, k_embedding_backward__i2_dtable2_f16_u8_ws},
-    {{9, 6}, k_embedding_backward__i2_dtable2_f16_u16, k_embedding_backward__i2_dtable2_f16_u16_ws},
-    {{9, 7}, k_embedding_backward__i2_dtable2_f16_u32, k_embedding_backward__i2_dtable2_f16_u32_ws},
-    {{9, 8}, k_embedding_backward__i2_dtable2_f16_u64, k_embedding_backward__i2_dtable2_f16_u64_ws},
-    {{10, 1}, k_embedding_backward__i2_dtable2_bf16_i8, k_embedding_backward__i2_dtable2_bf16_i8_ws},
-    {{10, 2}, k_embedding_backward__i2_dtable2_bf16_i16, k_embedding_backward__i2_dtable2_bf16_i16_ws},
-    {{10, 3}, k_embedding_backward__i2_dtable2_bf16_i32, k_embedding_backward__i2_dtable2_bf16_i32_ws},
-    {{10, 4}, k_embedding_backward__i2_dtable2_bf16_i64, k_embedding_backward__i2_dtable2_bf16_i64_ws},
-    {{10, 5}, k_embedding_backward__i2_dtable2_bf16_u8, k_embedding_backward__i2_dtable2_bf16_u8_ws},
-    {{10, 6}, k_embedding_backward__i2_dtable2_bf16_u16, k_embedding_backward__i2_dtable2_bf16_u16_ws},
-    {{10, 7}, k_embedding_backward__i2_dtable2_bf16_u32, k_embedding_backward__i2_dtable2_bf16_u32_ws},
-    {{10, 8}, k_embedding_backward__i2_dtable2_bf16_u64, k_embedding_backward__i2_dtable2_bf16_u64_ws},
-    {{11, 1}, k_embedding_backward__i2_dtable2_f32_i8, k_embedding_backward__i2_dtable2_f32_i8_ws},
-    {{11, 2}, k_embedding_backward__i2_dtable2_f32_i16, k_embedding_backward__i2_dtable2_f32_i16_ws},
-    {{11, 3}, k_embedding_backward__i2_dtable2_f32_i32, k_embedding_backward__i2_dtable2_f32_i32_ws},
-    {{11, 4}, k_embedding_backward__i2_dtable2_f32_i64, k_embedding_backward__i2_dtable2_f32_i64_ws},
-    {{11, 5}, k_embedding_backward__i2_dtable2_f32_u8, k_embedding_backward__i2_dtable2_f32_u8_ws},
-    {{11, 6}, k_embedding_backward__i2_dtable2_f32_u16, k_embedding_backward__i2_dtable2_f32_u16_ws},
-    {{11, 7}, k_embedding_backward__i2_dtable2_f32_u32, k_embedding_backward__i2_dtable2_f32_u32_ws},
-    {{11, 8}, k_embedding_backward__i2_dtable2_f32_u64, k_embedding_backward__i2_dtable2_f32_u64_ws},
-    {{12, 1}, k_embedding_backward__i2_dtable2_f64_i8, k_embedding_backward__i2_dtable2_f64_i8_ws},
-    {{12, 2}, k_embedding_backward__i2_dtable2_f64_i16, k_embedding_backward__i2_dtable2_f64_i16_ws},
-    {{12, 3}, k_embedding_backward__i2_dtable2_f64_i32, k_embedding_backward__i2_dtable2_f64_i32_ws},
-    {{12, 4}, k_embedding_backward__i2_dtable2_f64_i64, k_embedding_backward__i2_dtable2_f64_i64_ws},
-    {{12, 5}, k_embedding_backward__i2_dtable2_f64_u8, k_embedding_backward__i2_dtable2_f64_u8_ws},
-    {{12, 6}, k_embedding_backward__i2_dtable2_f64_u16, k_embedding_backward__i2_dtable2_f64_u16_ws},
-    {{12, 7}, k_embedding_backward__i2_dtable2_f64_u32, k_embedding_backward__i2_dtable2_f64_u32_ws},
-    {{12, 8}, k_embedding_backward__i2_dtable2_f64_u64, k_embedding_backward__i2_dtable2_f64_u64_ws}
+    {{9, 1}, k_embedding_backward__i2_dtable2_f16_i8, k_embedding_backward__i2_dtable2_f16_i8_ws, k_embedding_backward__i2_dtable2_f16_i8_pre},
+    {{9, 2}, k_embedding_backward__i2_dtable2_f16_i16, k_embedding_backward__i2_dtable2_f16_i16_ws, k_embedding_backward__i2_dtable2_f16_i16_pre},
+    {{9, 3}, k_embedding_backward__i2_dtable2_f16_i32, k_embedding_backward__i2_dtable2_f16_i32_ws, k_embedding_backward__i2_dtable2_f16_i32_pre},
+    {{9, 4}, k_embedding_backward__i2_dtable2_f16_i64, k_embedding_backward__i2_dtable2_f16_i64_ws, k_embedding_backward__i2_dtable2_f16_i64_pre},
+    {{9, 5}, k_embedding_backward__i2_dtable2_f16_u8, k_embedding_backward__i2_dtable2_f16_u8_ws, k_embedding_backward__i2_dtable2_f16_u8_pre},
+    {{9, 6}, k_embedding_backward__i2_dtable2_f16_u16, k_embedding_backward__i2_dtable2_f16_u16_ws, k_embedding_backward__i2_dtable2_f16_u16_pre},
+    {{9, 7}, k_embedding_backward__i2_dtable2_f16_u32, k_embedding_backward__i2_dtable2_f16_u32_ws, k_embedding_backward__i2_dtable2_f16_u32_pre},
+    {{9, 8}, k_embedding_backward__i2_dtable2_f16_u64, k_embedding_backward__i2_dtable2_f16_u64_ws, k_embedding_backward__i2_dtable2_f16_u64_pre},
+    {{10, 1}, k_embedding_backward__i2_dtable2_bf16_i8, k_embedding_backward__i2_dtable2_bf16_i8_ws, k_embedding_backward__i2_dtable2_bf16_i8_pre},
+    {{10, 2}, k_embedding_backward__i2_dtable2_bf16_i16, k_embedding_backward__i2_dtable2_bf16_i16_ws, k_embedding_backward__i2_dtable2_bf16_i16_pre},
+    {{10, 3}, k_embedding_backward__i2_dtable2_bf16_i32, k_embedding_backward__i2_dtable2_bf16_i32_ws, k_embedding_backward__i2_dtable2_bf16_i32_pre},
+    {{10, 4}, k_embedding_backward__i2_dtable2_bf16_i64, k_embedding_backward__i2_dtable2_bf16_i64_ws, k_embedding_backward__i2_dtable2_bf16_i64_pre},
+    {{10, 5}, k_embedding_backward__i2_dtable2_bf16_u8, k_embedding_backward__i2_dtable2_bf16_u8_ws, k_embedding_backward__i2_dtable2_bf16_u8_pre},
+    {{10, 6}, k_embedding_backward__i2_dtable2_bf16_u16, k_embedding_backward__i2_dtable2_bf16_u16_ws, k_embedding_backward__i2_dtable2_bf16_u16_pre},
+    {{10, 7}, k_embedding_backward__i2_dtable2_bf16_u32, k_embedding_backward__i2_dtable2_bf16_u32_ws, k_embedding_backward__i2_dtable2_bf16_u32_pre},
+    {{10, 8}, k_embedding_backward__i2_dtable2_bf16_u64, k_embedding_backward__i2_dtable2_bf16_u64_ws, k_embedding_backward__i2_dtable2_bf16_u64_pre},
+    {{11, 1}, k_embedding_backward__i2_dtable2_f32_i8, k_embedding_backward__i2_dtable2_f32_i8_ws, k_embedding_backward__i2_dtable2_f32_i8_pre},
+    {{11, 2}, k_embedding_backward__i2_dtable2_f32_i16, k_embedding_backward__i2_dtable2_f32_i16_ws, k_embedding_backward__i2_dtable2_f32_i16_pre},
+    {{11, 3}, k_embedding_backward__i2_dtable2_f32_i32, k_embedding_backward__i2_dtable2_f32_i32_ws, k_embedding_backward__i2_dtable2_f32_i32_pre},
+    {{11, 4}, k_embedding_backward__i2_dtable2_f32_i64, k_embedding_backward__i2_dtable2_f32_i64_ws, k_embedding_backward__i2_dtable2_f32_i64_pre},
+    {{11, 5}, k_embedding_backward__i2_dtable2_f32_u8, k_embedding_backward__i2_dtable2_f32_u8_ws, k_embedding_backward__i2_dtable2_f32_u8_pre},
+    {{11, 6}, k_embedding_backward__i2_dtable2_f32_u16, k_embedding_backward__i2_dtable2_f32_u16_ws, k_embedding_backward__i2_dtable2_f32_u16_pre},
+    {{11, 7}, k_embedding_backward__i2_dtable2_f32_u32, k_embedding_backward__i2_dtable2_f32_u32_ws, k_embedding_backward__i2_dtable2_f32_u32_pre},
+    {{11, 8}, k_embedding_backward__i2_dtable2_f32_u64, k_embedding_backward__i2_dtable2_f32_u64_ws, k_embedding_backward__i2_dtable2_f32_u64_pre},
+    {{12, 1}, k_embedding_backward__i2_dtable2_f64_i8, k_embedding_backward__i2_dtable2_f64_i8_ws, k_embedding_backward__i2_dtable2_f64_i8_pre},
+    {{12, 2}, k_embedding_backward__i2_dtable2_f64_i16, k_embedding_backward__i2_dtable2_f64_i16_ws, k_embedding_backward__i2_dtable2_f64_i16_pre},
+    {{12, 3}, k_embedding_backward__i2_dtable2_f64_i32, k_embedding_backward__i2_dtable2_f64_i32_ws, k_embedding_backward__i2_dtable2_f64_i32_pre},
+    {{12, 4}, k_embedding_backward__i2_dtable2_f64_i64, k_embedding_backward__i2_dtable2_f64_i64_ws, k_embedding_backward__i2_dtable2_f64_i64_pre},
+    {{12, 5}, k_embedding_backward__i2_dtable2_f64_u8, k_embedding_backward__i2_dtable2_f64_u8_ws, k_embedding_backward__i2_dtable2_f64_u8_pre},
+    {{12, 6}, k_embedding_backward__i2_dtable2_f64_u16, k_embedding_backward__i2_dtable2_f64_u16_ws, k_embedding_backward__i2_dtable2_f64_u16_pre},
+    {{12, 7}, k_embedding_backward__i2_dtable2_f64_u32, k_embedding_backward__i2_dtable2_f64_u32_ws, k_embedding_backward__i2_dtable2_f64_u32_pre},
+    {{12, 8}, k_embedding_backward__i2_dtable2_f64_u64, k_embedding_backward__i2_dtable2_f64_u64_ws, k_embedding_backward__i2_dtable2_f64_u64_pre}
 };
 static const opgen_variant_t V_embedding_backward[] = {
     {0x0u, OPGEN_SUCCESS, "", 32, K_embedding_backward},

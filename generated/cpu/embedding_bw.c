@@ -5,6 +5,28 @@
 static inline int opgen_thread(void) { return omp_get_thread_num(); }
 static inline int opgen_threads(void) { return omp_get_max_threads(); }
 
+static opgen_status_t k_embedding_bw_u32_f16_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_u32_f16_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -148,6 +170,28 @@ static opgen_status_t k_embedding_bw_u32_f16_bf16(const opgen_buf_t *bufs, const
     return k_embedding_bw_u32_f16_bf16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_u32_f16_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_u32_f16_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -291,6 +335,28 @@ static opgen_status_t k_embedding_bw_u32_f16_f32(const opgen_buf_t *bufs, const 
     return k_embedding_bw_u32_f16_f32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_u32_bf16_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_u32_bf16_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -434,6 +500,28 @@ static opgen_status_t k_embedding_bw_u32_bf16_bf16(const opgen_buf_t *bufs, cons
     return k_embedding_bw_u32_bf16_bf16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_u32_bf16_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_u32_bf16_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -577,6 +665,28 @@ static opgen_status_t k_embedding_bw_u32_bf16_f32(const opgen_buf_t *bufs, const
     return k_embedding_bw_u32_bf16_f32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_u32_f32_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const float *restrict weight = (const float *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_u32_f32_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -720,6 +830,28 @@ static opgen_status_t k_embedding_bw_u32_f32_bf16(const opgen_buf_t *bufs, const
     return k_embedding_bw_u32_f32_bf16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_u32_f32_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const float *restrict weight = (const float *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_u32_f32_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -863,6 +995,28 @@ static opgen_status_t k_embedding_bw_u32_f32_f32(const opgen_buf_t *bufs, const 
     return k_embedding_bw_u32_f32_f32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_u32_f64_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const double *restrict weight = (const double *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_u32_f64_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -1006,6 +1160,28 @@ static opgen_status_t k_embedding_bw_u32_f64_bf16(const opgen_buf_t *bufs, const
     return k_embedding_bw_u32_f64_bf16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_u32_f64_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const double *restrict weight = (const double *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_u32_f64_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -1149,6 +1325,28 @@ static opgen_status_t k_embedding_bw_u32_f64_f32(const opgen_buf_t *bufs, const 
     return k_embedding_bw_u32_f64_f32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i32_f16_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i32_f16_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -1292,6 +1490,28 @@ static opgen_status_t k_embedding_bw_i32_f16_bf16(const opgen_buf_t *bufs, const
     return k_embedding_bw_i32_f16_bf16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i32_f16_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i32_f16_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -1435,6 +1655,28 @@ static opgen_status_t k_embedding_bw_i32_f16_f32(const opgen_buf_t *bufs, const 
     return k_embedding_bw_i32_f16_f32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i32_bf16_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i32_bf16_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -1578,6 +1820,28 @@ static opgen_status_t k_embedding_bw_i32_bf16_bf16(const opgen_buf_t *bufs, cons
     return k_embedding_bw_i32_bf16_bf16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i32_bf16_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i32_bf16_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -1721,6 +1985,28 @@ static opgen_status_t k_embedding_bw_i32_bf16_f32(const opgen_buf_t *bufs, const
     return k_embedding_bw_i32_bf16_f32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i32_f32_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const float *restrict weight = (const float *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i32_f32_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -1864,6 +2150,28 @@ static opgen_status_t k_embedding_bw_i32_f32_bf16(const opgen_buf_t *bufs, const
     return k_embedding_bw_i32_f32_bf16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i32_f32_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const float *restrict weight = (const float *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i32_f32_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -2007,6 +2315,28 @@ static opgen_status_t k_embedding_bw_i32_f32_f32(const opgen_buf_t *bufs, const 
     return k_embedding_bw_i32_f32_f32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i32_f64_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const double *restrict weight = (const double *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i32_f64_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -2150,6 +2480,28 @@ static opgen_status_t k_embedding_bw_i32_f64_bf16(const opgen_buf_t *bufs, const
     return k_embedding_bw_i32_f64_bf16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i32_f64_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int32_t *restrict indices = (const int32_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const double *restrict weight = (const double *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i32_f64_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -2293,6 +2645,28 @@ static opgen_status_t k_embedding_bw_i32_f64_f32(const opgen_buf_t *bufs, const 
     return k_embedding_bw_i32_f64_f32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i64_f16_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i64_f16_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -2436,6 +2810,28 @@ static opgen_status_t k_embedding_bw_i64_f16_bf16(const opgen_buf_t *bufs, const
     return k_embedding_bw_i64_f16_bf16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i64_f16_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i64_f16_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -2579,6 +2975,28 @@ static opgen_status_t k_embedding_bw_i64_f16_f32(const opgen_buf_t *bufs, const 
     return k_embedding_bw_i64_f16_f32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i64_bf16_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i64_bf16_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -2722,6 +3140,28 @@ static opgen_status_t k_embedding_bw_i64_bf16_bf16(const opgen_buf_t *bufs, cons
     return k_embedding_bw_i64_bf16_bf16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i64_bf16_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const uint16_t *restrict weight = (const uint16_t *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i64_bf16_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -2865,6 +3305,28 @@ static opgen_status_t k_embedding_bw_i64_bf16_f32(const opgen_buf_t *bufs, const
     return k_embedding_bw_i64_bf16_f32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i64_f32_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const float *restrict weight = (const float *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i64_f32_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -3008,6 +3470,28 @@ static opgen_status_t k_embedding_bw_i64_f32_bf16(const opgen_buf_t *bufs, const
     return k_embedding_bw_i64_f32_bf16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i64_f32_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const float *restrict weight = (const float *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i64_f32_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -3151,6 +3635,28 @@ static opgen_status_t k_embedding_bw_i64_f32_f32(const opgen_buf_t *bufs, const 
     return k_embedding_bw_i64_f32_f32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i64_f64_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const double *restrict weight = (const double *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const uint16_t *restrict grad = (const uint16_t *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    uint16_t *restrict out = (uint16_t *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i64_f64_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -3294,6 +3800,28 @@ static opgen_status_t k_embedding_bw_i64_f64_bf16(const opgen_buf_t *bufs, const
     return k_embedding_bw_i64_f64_bf16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_bw_i64_f64_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const int64_t *restrict indices = (const int64_t *)bufs[0].data;
+    const int64_t st_indices_0 = bufs[0].st[0];
+    (void)indices; (void)st_indices_0;
+    const double *restrict weight = (const double *)bufs[1].data;
+    const int64_t st_weight_0 = bufs[1].st[0];
+    const int64_t st_weight_1 = bufs[1].st[1];
+    (void)weight; (void)st_weight_0; (void)st_weight_1;
+    const float *restrict grad = (const float *)bufs[2].data;
+    const int64_t st_grad_0 = bufs[2].st[0];
+    const int64_t st_grad_1 = bufs[2].st[1];
+    (void)grad; (void)st_grad_0; (void)st_grad_1;
+    float *restrict out = (float *)bufs[3].data;
+    const int64_t st_out_0 = bufs[3].st[0];
+    const int64_t st_out_1 = bufs[3].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_V = dims[1]; (void)d_V;
+    const int64_t d_D = dims[2]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_bw_i64_f64_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -3445,30 +3973,30 @@ static const opgen_param_t P_embedding_bw[] = {
 };
 static const char *const D_embedding_bw[] = {"N", "V", "D"};
 static const opgen_kernel_entry_t K_embedding_bw[] = {
-    {{7, 9, 10}, k_embedding_bw_u32_f16_bf16, k_embedding_bw_u32_f16_bf16_ws},
-    {{7, 9, 11}, k_embedding_bw_u32_f16_f32, k_embedding_bw_u32_f16_f32_ws},
-    {{7, 10, 10}, k_embedding_bw_u32_bf16_bf16, k_embedding_bw_u32_bf16_bf16_ws},
-    {{7, 10, 11}, k_embedding_bw_u32_bf16_f32, k_embedding_bw_u32_bf16_f32_ws},
-    {{7, 11, 10}, k_embedding_bw_u32_f32_bf16, k_embedding_bw_u32_f32_bf16_ws},
-    {{7, 11, 11}, k_embedding_bw_u32_f32_f32, k_embedding_bw_u32_f32_f32_ws},
-    {{7, 12, 10}, k_embedding_bw_u32_f64_bf16, k_embedding_bw_u32_f64_bf16_ws},
-    {{7, 12, 11}, k_embedding_bw_u32_f64_f32, k_embedding_bw_u32_f64_f32_ws},
-    {{3, 9, 10}, k_embedding_bw_i32_f16_bf16, k_embedding_bw_i32_f16_bf16_ws},
-    {{3, 9, 11}, k_embedding_bw_i32_f16_f32, k_embedding_bw_i32_f16_f32_ws},
-    {{3, 10, 10}, k_embedding_bw_i32_bf16_bf16, k_embedding_bw_i32_bf16_bf16_ws},
-    {{3, 10, 11}, k_embedding_bw_i32_bf16_f32, k_embedding_bw_i32_bf16_f32_ws},
-    {{3, 11, 10}, k_embedding_bw_i32_f32_bf16, k_embedding_bw_i32_f32_bf16_ws},
-    {{3, 11, 11}, k_embedding_bw_i32_f32_f32, k_embedding_bw_i32_f32_f32_ws},
-    {{3, 12, 10}, k_embedding_bw_i32_f64_bf16, k_embedding_bw_i32_f64_bf16_ws},
-    {{3, 12, 11}, k_embedding_bw_i32_f64_f32, k_embedding_bw_i32_f64_f32_ws},
-    {{4, 9, 10}, k_embedding_bw_i64_f16_bf16, k_embedding_bw_i64_f16_bf16_ws},
-    {{4, 9, 11}, k_embedding_bw_i64_f16_f32, k_embedding_bw_i64_f16_f32_ws},
-    {{4, 10, 10}, k_embedding_bw_i64_bf16_bf16, k_embedding_bw_i64_bf16_bf16_ws},
-    {{4, 10, 11}, k_embedding_bw_i64_bf16_f32, k_embedding_bw_i64_bf16_f32_ws},
-    {{4, 11, 10}, k_embedding_bw_i64_f32_bf16, k_embedding_bw_i64_f32_bf16_ws},
-    {{4, 11, 11}, k_embedding_bw_i64_f32_f32, k_embedding_bw_i64_f32_f32_ws},
-    {{4, 12, 10}, k_embedding_bw_i64_f64_bf16, k_embedding_bw_i64_f64_bf16_ws},
-    {{4, 12, 11}, k_embedding_bw_i64_f64_f32, k_embedding_bw_i64_f64_f32_ws}
+    {{7, 9, 10}, k_embedding_bw_u32_f16_bf16, k_embedding_bw_u32_f16_bf16_ws, k_embedding_bw_u32_f16_bf16_pre},
+    {{7, 9, 11}, k_embedding_bw_u32_f16_f32, k_embedding_bw_u32_f16_f32_ws, k_embedding_bw_u32_f16_f32_pre},
+    {{7, 10, 10}, k_embedding_bw_u32_bf16_bf16, k_embedding_bw_u32_bf16_bf16_ws, k_embedding_bw_u32_bf16_bf16_pre},
+    {{7, 10, 11}, k_embedding_bw_u32_bf16_f32, k_embedding_bw_u32_bf16_f32_ws, k_embedding_bw_u32_bf16_f32_pre},
+    {{7, 11, 10}, k_embedding_bw_u32_f32_bf16, k_embedding_bw_u32_f32_bf16_ws, k_embedding_bw_u32_f32_bf16_pre},
+    {{7, 11, 11}, k_embedding_bw_u32_f32_f32, k_embedding_bw_u32_f32_f32_ws, k_embedding_bw_u32_f32_f32_pre},
+    {{7, 12, 10}, k_embedding_bw_u32_f64_bf16, k_embedding_bw_u32_f64_bf16_ws, k_embedding_bw_u32_f64_bf16_pre},
+    {{7, 12, 11}, k_embedding_bw_u32_f64_f32, k_embedding_bw_u32_f64_f32_ws, k_embedding_bw_u32_f64_f32_pre},
+    {{3, 9, 10}, k_embedding_bw_i32_f16_bf16, k_embedding_bw_i32_f16_bf16_ws, k_embedding_bw_i32_f16_bf16_pre},
+    {{3, 9, 11}, k_embedding_bw_i32_f16_f32, k_embedding_bw_i32_f16_f32_ws, k_embedding_bw_i32_f16_f32_pre},
+    {{3, 10, 10}, k_embedding_bw_i32_bf16_bf16, k_embedding_bw_i32_bf16_bf16_ws, k_embedding_bw_i32_bf16_bf16_pre},
+    {{3, 10, 11}, k_embedding_bw_i32_bf16_f32, k_embedding_bw_i32_bf16_f32_ws, k_embedding_bw_i32_bf16_f32_pre},
+    {{3, 11, 10}, k_embedding_bw_i32_f32_bf16, k_embedding_bw_i32_f32_bf16_ws, k_embedding_bw_i32_f32_bf16_pre},
+    {{3, 11, 11}, k_embedding_bw_i32_f32_f32, k_embedding_bw_i32_f32_f32_ws, k_embedding_bw_i32_f32_f32_pre},
+    {{3, 12, 10}, k_embedding_bw_i32_f64_bf16, k_embedding_bw_i32_f64_bf16_ws, k_embedding_bw_i32_f64_bf16_pre},
+    {{3, 12, 11}, k_embedding_bw_i32_f64_f32, k_embedding_bw_i32_f64_f32_ws, k_embedding_bw_i32_f64_f32_pre},
+    {{4, 9, 10}, k_embedding_bw_i64_f16_bf16, k_embedding_bw_i64_f16_bf16_ws, k_embedding_bw_i64_f16_bf16_pre},
+    {{4, 9, 11}, k_embedding_bw_i64_f16_f32, k_embedding_bw_i64_f16_f32_ws, k_embedding_bw_i64_f16_f32_pre},
+    {{4, 10, 10}, k_embedding_bw_i64_bf16_bf16, k_embedding_bw_i64_bf16_bf16_ws, k_embedding_bw_i64_bf16_bf16_pre},
+    {{4, 10, 11}, k_embedding_bw_i64_bf16_f32, k_embedding_bw_i64_bf16_f32_ws, k_embedding_bw_i64_bf16_f32_pre},
+    {{4, 11, 10}, k_embedding_bw_i64_f32_bf16, k_embedding_bw_i64_f32_bf16_ws, k_embedding_bw_i64_f32_bf16_pre},
+    {{4, 11, 11}, k_embedding_bw_i64_f32_f32, k_embedding_bw_i64_f32_f32_ws, k_embedding_bw_i64_f32_f32_pre},
+    {{4, 12, 10}, k_embedding_bw_i64_f64_bf16, k_embedding_bw_i64_f64_bf16_ws, k_embedding_bw_i64_f64_bf16_pre},
+    {{4, 12, 11}, k_embedding_bw_i64_f64_f32, k_embedding_bw_i64_f64_f32_ws, k_embedding_bw_i64_f64_f32_pre}
 };
 static const opgen_variant_t V_embedding_bw[] = {
     {0x0u, OPGEN_SUCCESS, "", 24, K_embedding_bw},

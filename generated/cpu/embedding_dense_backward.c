@@ -5,6 +5,29 @@
 static inline int opgen_thread(void) { return omp_get_thread_num(); }
 static inline int opgen_threads(void) { return omp_get_max_threads(); }
 
+static opgen_status_t k_embedding_dense_backward_f32_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const float *restrict indices = (const float *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f32_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -208,6 +231,29 @@ static opgen_status_t k_embedding_dense_backward_f32_f32(const opgen_buf_t *bufs
     return k_embedding_dense_backward_f32_f32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f32_f16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const uint16_t *restrict indices = (const uint16_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f32_f16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -411,6 +457,29 @@ static opgen_status_t k_embedding_dense_backward_f32_f16(const opgen_buf_t *bufs
     return k_embedding_dense_backward_f32_f16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f32_f64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const double *restrict indices = (const double *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f32_f64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -614,6 +683,29 @@ static opgen_status_t k_embedding_dense_backward_f32_f64(const opgen_buf_t *bufs
     return k_embedding_dense_backward_f32_f64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f32_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const int32_t *restrict indices = (const int32_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f32_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -817,6 +909,29 @@ static opgen_status_t k_embedding_dense_backward_f32_i32(const opgen_buf_t *bufs
     return k_embedding_dense_backward_f32_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f32_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const int64_t *restrict indices = (const int64_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f32_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1020,6 +1135,29 @@ static opgen_status_t k_embedding_dense_backward_f32_i64(const opgen_buf_t *bufs
     return k_embedding_dense_backward_f32_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f32_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const int16_t *restrict indices = (const int16_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f32_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1223,6 +1361,29 @@ static opgen_status_t k_embedding_dense_backward_f32_i16(const opgen_buf_t *bufs
     return k_embedding_dense_backward_f32_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f32_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const int8_t *restrict indices = (const int8_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f32_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1426,6 +1587,29 @@ static opgen_status_t k_embedding_dense_backward_f32_i8(const opgen_buf_t *bufs,
     return k_embedding_dense_backward_f32_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f32_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const uint8_t *restrict indices = (const uint8_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f32_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1629,6 +1813,29 @@ static opgen_status_t k_embedding_dense_backward_f32_u8(const opgen_buf_t *bufs,
     return k_embedding_dense_backward_f32_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f32_bool_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict grad = (const float *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const bool *restrict indices = (const bool *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    float *restrict out = (float *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f32_bool_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1832,6 +2039,29 @@ static opgen_status_t k_embedding_dense_backward_f32_bool(const opgen_buf_t *buf
     return k_embedding_dense_backward_f32_bool_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const float *restrict indices = (const float *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f16_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2035,6 +2265,29 @@ static opgen_status_t k_embedding_dense_backward_f16_f32(const opgen_buf_t *bufs
     return k_embedding_dense_backward_f16_f32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_f16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const uint16_t *restrict indices = (const uint16_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f16_f16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2238,6 +2491,29 @@ static opgen_status_t k_embedding_dense_backward_f16_f16(const opgen_buf_t *bufs
     return k_embedding_dense_backward_f16_f16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_f64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const double *restrict indices = (const double *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f16_f64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2441,6 +2717,29 @@ static opgen_status_t k_embedding_dense_backward_f16_f64(const opgen_buf_t *bufs
     return k_embedding_dense_backward_f16_f64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const int32_t *restrict indices = (const int32_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f16_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2644,6 +2943,29 @@ static opgen_status_t k_embedding_dense_backward_f16_i32(const opgen_buf_t *bufs
     return k_embedding_dense_backward_f16_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const int64_t *restrict indices = (const int64_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f16_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2847,6 +3169,29 @@ static opgen_status_t k_embedding_dense_backward_f16_i64(const opgen_buf_t *bufs
     return k_embedding_dense_backward_f16_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const int16_t *restrict indices = (const int16_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f16_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -3050,6 +3395,29 @@ static opgen_status_t k_embedding_dense_backward_f16_i16(const opgen_buf_t *bufs
     return k_embedding_dense_backward_f16_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const int8_t *restrict indices = (const int8_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -3253,6 +3621,29 @@ static opgen_status_t k_embedding_dense_backward_f16_i8(const opgen_buf_t *bufs,
     return k_embedding_dense_backward_f16_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const uint8_t *restrict indices = (const uint8_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f16_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -3456,6 +3847,29 @@ static opgen_status_t k_embedding_dense_backward_f16_u8(const opgen_buf_t *bufs,
     return k_embedding_dense_backward_f16_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_f16_bool_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const bool *restrict indices = (const bool *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_f16_bool_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -3659,6 +4073,29 @@ static opgen_status_t k_embedding_dense_backward_f16_bool(const opgen_buf_t *buf
     return k_embedding_dense_backward_f16_bool_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const float *restrict indices = (const float *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_bf16_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -3862,6 +4299,29 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32(const opgen_buf_t *buf
     return k_embedding_dense_backward_bf16_f32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_f16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const uint16_t *restrict indices = (const uint16_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_bf16_f16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4065,6 +4525,29 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16(const opgen_buf_t *buf
     return k_embedding_dense_backward_bf16_f16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_f64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const double *restrict indices = (const double *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_bf16_f64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4268,6 +4751,29 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64(const opgen_buf_t *buf
     return k_embedding_dense_backward_bf16_f64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const int32_t *restrict indices = (const int32_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_bf16_i32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4471,6 +4977,29 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32(const opgen_buf_t *buf
     return k_embedding_dense_backward_bf16_i32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_i64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const int64_t *restrict indices = (const int64_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_bf16_i64_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4674,6 +5203,29 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64(const opgen_buf_t *buf
     return k_embedding_dense_backward_bf16_i64_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_i16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const int16_t *restrict indices = (const int16_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_bf16_i16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4877,6 +5429,29 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16(const opgen_buf_t *buf
     return k_embedding_dense_backward_bf16_i16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const int8_t *restrict indices = (const int8_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5080,6 +5655,29 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8(const opgen_buf_t *bufs
     return k_embedding_dense_backward_bf16_i8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_u8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const uint8_t *restrict indices = (const uint8_t *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_bf16_u8_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5283,6 +5881,29 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8(const opgen_buf_t *bufs
     return k_embedding_dense_backward_bf16_u8_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_embedding_dense_backward_bf16_bool_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_0 = bufs[0].st[0];
+    const int64_t st_grad_1 = bufs[0].st[1];
+    const int64_t *ro_grad = bufs[0].ro;
+    (void)grad; (void)st_grad_0; (void)st_grad_1; (void)ro_grad;
+    const bool *restrict indices = (const bool *)bufs[1].data;
+    const int64_t st_indices_0 = bufs[1].st[0];
+    const int64_t *ro_indices = bufs[1].ro;
+    (void)indices; (void)st_indices_0; (void)ro_indices;
+    const int64_t num_weights = sc[2].i; (void)num_weights;
+    const int64_t padding_idx = sc[3].i; (void)padding_idx;
+    const bool scale_grad_by_freq = sc[4].b; (void)scale_grad_by_freq;
+    uint16_t *restrict out = (uint16_t *)bufs[5].data;
+    const int64_t st_out_0 = bufs[5].st[0];
+    const int64_t st_out_1 = bufs[5].st[1];
+    (void)out; (void)st_out_0; (void)st_out_1;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    const int64_t d_V = dims[2]; (void)d_V;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_embedding_dense_backward_bf16_bool_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5496,33 +6117,33 @@ static const opgen_param_t P_embedding_dense_backward[] = {
 };
 static const char *const D_embedding_dense_backward[] = {"N", "D", "V"};
 static const opgen_kernel_entry_t K_embedding_dense_backward[] = {
-    {{11, 11}, k_embedding_dense_backward_f32_f32, k_embedding_dense_backward_f32_f32_ws},
-    {{11, 9}, k_embedding_dense_backward_f32_f16, k_embedding_dense_backward_f32_f16_ws},
-    {{11, 12}, k_embedding_dense_backward_f32_f64, k_embedding_dense_backward_f32_f64_ws},
-    {{11, 3}, k_embedding_dense_backward_f32_i32, k_embedding_dense_backward_f32_i32_ws},
-    {{11, 4}, k_embedding_dense_backward_f32_i64, k_embedding_dense_backward_f32_i64_ws},
-    {{11, 2}, k_embedding_dense_backward_f32_i16, k_embedding_dense_backward_f32_i16_ws},
-    {{11, 1}, k_embedding_dense_backward_f32_i8, k_embedding_dense_backward_f32_i8_ws},
-    {{11, 5}, k_embedding_dense_backward_f32_u8, k_embedding_dense_backward_f32_u8_ws},
-    {{11, 0}, k_embedding_dense_backward_f32_bool, k_embedding_dense_backward_f32_bool_ws},
-    {{9, 11}, k_embedding_dense_backward_f16_f32, k_embedding_dense_backward_f16_f32_ws},
-    {{9, 9}, k_embedding_dense_backward_f16_f16, k_embedding_dense_backward_f16_f16_ws},
-    {{9, 12}, k_embedding_dense_backward_f16_f64, k_embedding_dense_backward_f16_f64_ws},
-    {{9, 3}, k_embedding_dense_backward_f16_i32, k_embedding_dense_backward_f16_i32_ws},
-    {{9, 4}, k_embedding_dense_backward_f16_i64, k_embedding_dense_backward_f16_i64_ws},
-    {{9, 2}, k_embedding_dense_backward_f16_i16, k_embedding_dense_backward_f16_i16_ws},
-    {{9, 1}, k_embedding_dense_backward_f16_i8, k_embedding_dense_backward_f16_i8_ws},
-    {{9, 5}, k_embedding_dense_backward_f16_u8, k_embedding_dense_backward_f16_u8_ws},
-    {{9, 0}, k_embedding_dense_backward_f16_bool, k_embedding_dense_backward_f16_bool_ws},
-    {{10, 11}, k_embedding_dense_backward_bf16_f32, k_embedding_dense_backward_bf16_f32_ws},
-    {{10, 9}, k_embedding_dense_backward_bf16_f16, k_embedding_dense_backward_bf16_f16_ws},
-    {{10, 12}, k_embedding_dense_backward_bf16_f64, k_embedding_dense_backward_bf16_f64_ws},
-    {{10, 3}, k_embedding_dense_backward_bf16_i32, k_embedding_dense_backward_bf16_i32_ws},
-    {{10, 4}, k_embedding_dense_backward_bf16_i64, k_embedding_dense_backward_bf16_i64_ws},
-    {{10, 2}, k_embedding_dense_backward_bf16_i16, k_embedding_dense_backward_bf16_i16_ws},
-    {{10, 1}, k_embedding_dense_backward_bf16_i8, k_embedding_dense_backward_bf16_i8_ws},
-    {{10, 5}, k_embedding_dense_backward_bf16_u8, k_embedding_dense_backward_bf16_u8_ws},
-    {{10, 0}, k_embedding_dense_backward_bf16_bool, k_embedding_dense_backward_bf16_bool_ws}
+    {{11, 11}, k_embedding_dense_backward_f32_f32, k_embedding_dense_backward_f32_f32_ws, k_embedding_dense_backward_f32_f32_pre},
+    {{11, 9}, k_embedding_dense_backward_f32_f16, k_embedding_dense_backward_f32_f16_ws, k_embedding_dense_backward_f32_f16_pre},
+    {{11, 12}, k_embedding_dense_backward_f32_f64, k_embedding_dense_backward_f32_f64_ws, k_embedding_dense_backward_f32_f64_pre},
+    {{11, 3}, k_embedding_dense_backward_f32_i32, k_embedding_dense_backward_f32_i32_ws, k_embedding_dense_backward_f32_i32_pre},
+    {{11, 4}, k_embedding_dense_backward_f32_i64, k_embedding_dense_backward_f32_i64_ws, k_embedding_dense_backward_f32_i64_pre},
+    {{11, 2}, k_embedding_dense_backward_f32_i16, k_embedding_dense_backward_f32_i16_ws, k_embedding_dense_backward_f32_i16_pre},
+    {{11, 1}, k_embedding_dense_backward_f32_i8, k_embedding_dense_backward_f32_i8_ws, k_embedding_dense_backward_f32_i8_pre},
+    {{11, 5}, k_embedding_dense_backward_f32_u8, k_embedding_dense_backward_f32_u8_ws, k_embedding_dense_backward_f32_u8_pre},
+    {{11, 0}, k_embedding_dense_backward_f32_bool, k_embedding_dense_backward_f32_bool_ws, k_embedding_dense_backward_f32_bool_pre},
+    {{9, 11}, k_embedding_dense_backward_f16_f32, k_embedding_dense_backward_f16_f32_ws, k_embedding_dense_backward_f16_f32_pre},
+    {{9, 9}, k_embedding_dense_backward_f16_f16, k_embedding_dense_backward_f16_f16_ws, k_embedding_dense_backward_f16_f16_pre},
+    {{9, 12}, k_embedding_dense_backward_f16_f64, k_embedding_dense_backward_f16_f64_ws, k_embedding_dense_backward_f16_f64_pre},
+    {{9, 3}, k_embedding_dense_backward_f16_i32, k_embedding_dense_backward_f16_i32_ws, k_embedding_dense_backward_f16_i32_pre},
+    {{9, 4}, k_embedding_dense_backward_f16_i64, k_embedding_dense_backward_f16_i64_ws, k_embedding_dense_backward_f16_i64_pre},
+    {{9, 2}, k_embedding_dense_backward_f16_i16, k_embedding_dense_backward_f16_i16_ws, k_embedding_dense_backward_f16_i16_pre},
+    {{9, 1}, k_embedding_dense_backward_f16_i8, k_embedding_dense_backward_f16_i8_ws, k_embedding_dense_backward_f16_i8_pre},
+    {{9, 5}, k_embedding_dense_backward_f16_u8, k_embedding_dense_backward_f16_u8_ws, k_embedding_dense_backward_f16_u8_pre},
+    {{9, 0}, k_embedding_dense_backward_f16_bool, k_embedding_dense_backward_f16_bool_ws, k_embedding_dense_backward_f16_bool_pre},
+    {{10, 11}, k_embedding_dense_backward_bf16_f32, k_embedding_dense_backward_bf16_f32_ws, k_embedding_dense_backward_bf16_f32_pre},
+    {{10, 9}, k_embedding_dense_backward_bf16_f16, k_embedding_dense_backward_bf16_f16_ws, k_embedding_dense_backward_bf16_f16_pre},
+    {{10, 12}, k_embedding_dense_backward_bf16_f64, k_embedding_dense_backward_bf16_f64_ws, k_embedding_dense_backward_bf16_f64_pre},
+    {{10, 3}, k_embedding_dense_backward_bf16_i32, k_embedding_dense_backward_bf16_i32_ws, k_embedding_dense_backward_bf16_i32_pre},
+    {{10, 4}, k_embedding_dense_backward_bf16_i64, k_embedding_dense_backward_bf16_i64_ws, k_embedding_dense_backward_bf16_i64_pre},
+    {{10, 2}, k_embedding_dense_backward_bf16_i16, k_embedding_dense_backward_bf16_i16_ws, k_embedding_dense_backward_bf16_i16_pre},
+    {{10, 1}, k_embedding_dense_backward_bf16_i8, k_embedding_dense_backward_bf16_i8_ws, k_embedding_dense_backward_bf16_i8_pre},
+    {{10, 5}, k_embedding_dense_backward_bf16_u8, k_embedding_dense_backward_bf16_u8_ws, k_embedding_dense_backward_bf16_u8_pre},
+    {{10, 0}, k_embedding_dense_backward_bf16_bool, k_embedding_dense_backward_bf16_bool_ws, k_embedding_dense_backward_bf16_bool_pre}
 };
 static const opgen_variant_t V_embedding_dense_backward[] = {
     {0x0u, OPGEN_SUCCESS, "", 27, K_embedding_dense_backward},

@@ -50,13 +50,25 @@ void opgen_segments(const int64_t *idx, int64_t n, int64_t rows, int64_t *start,
 #define OPGEN_KC 256
 
 static void pack_a(int64_t mr, int64_t kc, const float *A, int64_t ars, int64_t acs, float *restrict p) {
-    for (int64_t k = 0; k < kc; k++)
-        for (int64_t i = 0; i < OPGEN_MR; i++) p[k * OPGEN_MR + i] = i < mr ? A[i * ars + k * acs] : 0.0f;
+    if (mr < OPGEN_MR) memset(p, 0, sizeof(float) * OPGEN_MR * (size_t)kc);
+    if (acs == 1) { /* rows contiguous: stream each row */
+        for (int64_t i = 0; i < mr; i++)
+            for (int64_t k = 0; k < kc; k++) p[k * OPGEN_MR + i] = A[i * ars + k];
+    } else {
+        for (int64_t k = 0; k < kc; k++)
+            for (int64_t i = 0; i < mr; i++) p[k * OPGEN_MR + i] = A[i * ars + k * acs];
+    }
 }
 
 static void pack_b(int64_t nr, int64_t kc, const float *B, int64_t brs, int64_t bcs, float *restrict p) {
-    for (int64_t k = 0; k < kc; k++)
-        for (int64_t j = 0; j < OPGEN_NR; j++) p[k * OPGEN_NR + j] = j < nr ? B[k * brs + j * bcs] : 0.0f;
+    if (nr < OPGEN_NR) memset(p, 0, sizeof(float) * OPGEN_NR * (size_t)kc);
+    if (bcs == 1) { /* rows of B contiguous: vector copies */
+        for (int64_t k = 0; k < kc; k++)
+            for (int64_t j = 0; j < nr; j++) p[k * OPGEN_NR + j] = B[k * brs + j];
+    } else { /* B transposed: stream each column */
+        for (int64_t j = 0; j < nr; j++)
+            for (int64_t k = 0; k < kc; k++) p[k * OPGEN_NR + j] = B[k * brs + j * bcs];
+    }
 }
 
 #if defined(__AVX512F__)
@@ -207,9 +219,10 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
             st[i] = t->strides ? t->strides[i] : numel;
             numel *= t->shape[i];
         }
-        if (p->last_contig && t->ndim > 0 && t->shape[t->ndim - 1] > 1 && st[t->ndim - 1] != 1)
+        /* an empty tensor's strides mean nothing (numpy gives them as 0): no stride rules */
+        if (p->last_contig && t->ndim > 0 && numel > 0 && t->shape[t->ndim - 1] > 1 && st[t->ndim - 1] != 1)
             return opgen_fail(OPGEN_ERR_STRIDES, "%s: %s's last dim must be contiguous", op->name, p->name);
-        if (p->is_output) {
+        if (p->is_output && numel > 0) {
             for (int i = 0; i < t->ndim; i++)
                 if (st[i] == 0 && t->shape[i] > 1)
                     return opgen_fail(OPGEN_ERR_STRIDES, "%s: output %s has a broadcast (0) stride",
@@ -265,8 +278,10 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
            branch); coalesced layouts fill it with a single stride */
         if (p->batch) n_batch_rows[k] = coalesced ? -1 : nb;
     }
+    /* every present tensor and size bound its dims: a dim still unbound belongs only to absent
+       optional tensors (e.g. N2 of an absent second table), which this variant never touches */
     for (int d = 0; d < op->n_dims; d++)
-        if (!dim_bound[d]) return opgen_fail(OPGEN_ERR_PARAM, "%s: dim %s is not bound", op->name, op->dim_names[d]);
+        if (!dim_bound[d]) dims[d] = 0;
     /* outputs must not overlap inputs (unless declared as may-alias and identical) */
     for (int k = 0; k < op->n_params && !validate_only; k++) {
         const opgen_param_t *p = &op->params[k];
@@ -303,6 +318,8 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
     size_t need = opgen_align(ke->ws(dims));
     for (int k = 0; k < op->n_params; k++)
         if (n_batch_rows[k]) need += opgen_align(sizeof(int64_t) * (size_t)dims[op->params[k].dims[0]]);
+    opgen_status_t pre = ke->pre(bufs, dims, scalars);
+    if (pre != OPGEN_SUCCESS) return pre;
     if (ws_needed) *ws_needed = need;
     if (validate_only) return OPGEN_SUCCESS;
     void *own = NULL;

@@ -28,6 +28,7 @@ typedef union {
 typedef opgen_status_t (*opgen_kernel_fn)(const opgen_buf_t *bufs, const int64_t *dims,
                                           const opgen_scalar_t *sc, char *ws);
 typedef size_t (*opgen_ws_fn)(const int64_t *dims);
+typedef opgen_status_t (*opgen_pre_fn)(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc);
 
 enum { OPGEN_P_TENSOR = 0, OPGEN_P_F32 = 1, OPGEN_P_I64 = 2, OPGEN_P_BOOL = 3, OPGEN_P_SIZE = 4 };
 
@@ -47,6 +48,7 @@ typedef struct {
     uint8_t dtypes[OPGEN_MAX_VARS];
     opgen_kernel_fn fn;
     opgen_ws_fn ws;
+    opgen_pre_fn pre;  /* the op's run-time checks on scalars and sizes (no data read) */
 } opgen_kernel_entry_t;
 
 typedef struct {

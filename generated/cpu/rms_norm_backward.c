@@ -5,6 +5,31 @@
 static inline int opgen_thread(void) { return omp_get_thread_num(); }
 static inline int opgen_threads(void) { return omp_get_max_threads(); }
 
+static opgen_status_t k_rms_norm_backward_f16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad_y = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_y_0 = bufs[0].st[0];
+    const int64_t *ro_grad_y = bufs[0].ro;
+    (void)grad_y; (void)st_grad_y_0; (void)ro_grad_y;
+    const uint16_t *restrict x = (const uint16_t *)bufs[1].data;
+    const int64_t st_x_0 = bufs[1].st[0];
+    const int64_t *ro_x = bufs[1].ro;
+    (void)x; (void)st_x_0; (void)ro_x;
+    const uint16_t *restrict w = (const uint16_t *)bufs[2].data;
+    const int64_t st_w_0 = bufs[2].st[0];
+    (void)w; (void)st_w_0;
+    const float eps = sc[3].f; (void)eps;
+    uint16_t *restrict grad_x = (uint16_t *)bufs[4].data;
+    const int64_t st_grad_x_0 = bufs[4].st[0];
+    const int64_t *ro_grad_x = bufs[4].ro;
+    (void)grad_x; (void)st_grad_x_0; (void)ro_grad_x;
+    uint16_t *restrict grad_w = (uint16_t *)bufs[5].data;
+    const int64_t st_grad_w_0 = bufs[5].st[0];
+    (void)grad_w; (void)st_grad_w_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_rms_norm_backward_f16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -321,6 +346,31 @@ static opgen_status_t k_rms_norm_backward_f16(const opgen_buf_t *bufs, const int
     return k_rms_norm_backward_f16_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_rms_norm_backward_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const float *restrict grad_y = (const float *)bufs[0].data;
+    const int64_t st_grad_y_0 = bufs[0].st[0];
+    const int64_t *ro_grad_y = bufs[0].ro;
+    (void)grad_y; (void)st_grad_y_0; (void)ro_grad_y;
+    const float *restrict x = (const float *)bufs[1].data;
+    const int64_t st_x_0 = bufs[1].st[0];
+    const int64_t *ro_x = bufs[1].ro;
+    (void)x; (void)st_x_0; (void)ro_x;
+    const float *restrict w = (const float *)bufs[2].data;
+    const int64_t st_w_0 = bufs[2].st[0];
+    (void)w; (void)st_w_0;
+    const float eps = sc[3].f; (void)eps;
+    float *restrict grad_x = (float *)bufs[4].data;
+    const int64_t st_grad_x_0 = bufs[4].st[0];
+    const int64_t *ro_grad_x = bufs[4].ro;
+    (void)grad_x; (void)st_grad_x_0; (void)ro_grad_x;
+    float *restrict grad_w = (float *)bufs[5].data;
+    const int64_t st_grad_w_0 = bufs[5].st[0];
+    (void)grad_w; (void)st_grad_w_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_rms_norm_backward_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -637,6 +687,31 @@ static opgen_status_t k_rms_norm_backward_f32(const opgen_buf_t *bufs, const int
     return k_rms_norm_backward_f32_g(bufs, dims, sc, ws);
 }
 
+static opgen_status_t k_rms_norm_backward_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
+    const uint16_t *restrict grad_y = (const uint16_t *)bufs[0].data;
+    const int64_t st_grad_y_0 = bufs[0].st[0];
+    const int64_t *ro_grad_y = bufs[0].ro;
+    (void)grad_y; (void)st_grad_y_0; (void)ro_grad_y;
+    const uint16_t *restrict x = (const uint16_t *)bufs[1].data;
+    const int64_t st_x_0 = bufs[1].st[0];
+    const int64_t *ro_x = bufs[1].ro;
+    (void)x; (void)st_x_0; (void)ro_x;
+    const uint16_t *restrict w = (const uint16_t *)bufs[2].data;
+    const int64_t st_w_0 = bufs[2].st[0];
+    (void)w; (void)st_w_0;
+    const float eps = sc[3].f; (void)eps;
+    uint16_t *restrict grad_x = (uint16_t *)bufs[4].data;
+    const int64_t st_grad_x_0 = bufs[4].st[0];
+    const int64_t *ro_grad_x = bufs[4].ro;
+    (void)grad_x; (void)st_grad_x_0; (void)ro_grad_x;
+    uint16_t *restrict grad_w = (uint16_t *)bufs[5].data;
+    const int64_t st_grad_w_0 = bufs[5].st[0];
+    (void)grad_w; (void)st_grad_w_0;
+    const int64_t d_N = dims[0]; (void)d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    (void)bufs; (void)dims; (void)sc;
+    return OPGEN_SUCCESS;
+}
 static size_t k_rms_norm_backward_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -963,9 +1038,9 @@ static const opgen_param_t P_rms_norm_backward[] = {
 };
 static const char *const D_rms_norm_backward[] = {"N", "D"};
 static const opgen_kernel_entry_t K_rms_norm_backward[] = {
-    {{9}, k_rms_norm_backward_f16, k_rms_norm_backward_f16_ws},
-    {{11}, k_rms_norm_backward_f32, k_rms_norm_backward_f32_ws},
-    {{10}, k_rms_norm_backward_bf16, k_rms_norm_backward_bf16_ws}
+    {{9}, k_rms_norm_backward_f16, k_rms_norm_backward_f16_ws, k_rms_norm_backward_f16_pre},
+    {{11}, k_rms_norm_backward_f32, k_rms_norm_backward_f32_ws, k_rms_norm_backward_f32_pre},
+    {{10}, k_rms_norm_backward_bf16, k_rms_norm_backward_bf16_ws, k_rms_norm_backward_bf16_pre}
 };
 static const opgen_variant_t V_rms_norm_backward[] = {
     {0x0u, OPGEN_SUCCESS, "", 3, K_rms_norm_backward},

@@ -37,7 +37,13 @@ typedef enum {
     INFINI_STATUS_BAD_TENSOR_SHAPE = 11,
     INFINI_STATUS_BAD_TENSOR_STRIDES = 12,
     INFINI_STATUS_INSUFFICIENT_WORKSPACE = 13,
+    /* names some operator documents use (not in InfiniCore's header): aliases */
+    INFINI_STATUS_BAD_DEVICE = INFINI_STATUS_DEVICE_TYPE_NOT_SUPPORTED,
+    INFINI_STATUS_EXECUTION_FAILED = INFINI_STATUS_INTERNAL_ERROR,
 } infiniStatus_t;
+
+/* The status type's older name (InfiniOperators), still used in some operator documents. */
+typedef infiniStatus_t infiniopStatus_t;
 
 typedef enum {
     INFINI_DEVICE_CPU = 0,

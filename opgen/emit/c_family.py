@@ -9,7 +9,7 @@ are bitwise identical for any thread count and any buffer alignment (and gcc vec
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from xdsl.ir import Operation, SSAValue
@@ -64,6 +64,7 @@ class CPrinter:
         self.param_index = param_index
         self.unit_last = False  # assume every caller buffer's last dim has stride 1
         self.with_ws = True  # also print the workspace-size function
+        self.pre_name: str | None = None  # also print the checks-only function under this name
         self.k = kernel
         self.binding = binding
         self.fn_name = fn_name
@@ -399,25 +400,19 @@ class CPrinter:
         return self._elem(buf, idx)
 
     def _raw_offset(self, buf: SSAValue, idx: tuple[str, ...]) -> str:
-        tmp = []
-        for n in idx:
-            v = _Named(n)
-            self.names[v] = n  # type: ignore[index]
-            tmp.append(v)
-        try:
-            return self.offset(buf, tmp)  # type: ignore[arg-type]
-        finally:
-            for v in tmp:
-                del self.names[v]  # type: ignore[arg-type]
+        """``offset`` for printer-made index names (not SSA values)."""
+        return self._with_names(idx, lambda vals: self.offset(buf, vals))
 
     def _elem(self, buf: SSAValue, idx: tuple[str, ...]) -> str:
-        tmp = []
-        for n in idx:
-            v = _Named(n)
-            self.names[v] = n  # type: ignore[index]
-            tmp.append(v)
+        """``load_expr`` for printer-made index names."""
+        return self._with_names(idx, lambda vals: self.load_expr(buf, vals))
+
+    def _with_names(self, idx: tuple[str, ...], fn: Callable[[list[SSAValue]], str]) -> str:
+        tmp = [_Named(n) for n in idx]
+        for v in tmp:
+            self.names[v] = v.n  # type: ignore[index]
         try:
-            return self.load_expr(buf, tmp)  # type: ignore[arg-type]
+            return fn(tmp)  # type: ignore[arg-type]
         finally:
             for v in tmp:
                 del self.names[v]  # type: ignore[arg-type]
@@ -466,6 +461,26 @@ class CPrinter:
                                 f"sc[{self.param_index[n]}].{field}; (void){n};")
         for d, i in self.dim_ids.items():
             prologue.append(f"const int64_t d_{d} = dims[{i}]; (void)d_{d};")
+        pre: list[str] = []
+        if self.pre_name:  # the leading scalar checks, callable before any buffer exists
+            lead = []
+            for op in self.k.body.block.ops:
+                if isinstance(op, s.ForOp | s.AllocOp | s.SegmentsOp | s.MatmulOp | s.StoreOp | s.AccumOp):
+                    break
+                lead.append(op)
+            needed: set[Operation] = set()
+            todo = [op for op in lead if isinstance(op, s.FailOp)]
+            while todo:  # the checks and what they read
+                op = todo.pop()
+                if op not in needed:
+                    needed.add(op)
+                    todo.extend(o.owner for o in op.operands if isinstance(o.owner, Operation))
+            self.walk(op for op in lead if op in needed)
+            pre = [f"static opgen_status_t {self.pre_name}(const opgen_buf_t *bufs, const int64_t *dims, "
+                   f"const opgen_scalar_t *sc) {{"]
+            pre += ["    " + x for x in prologue] + self.lines
+            pre += ["    (void)bufs; (void)dims; (void)sc;", "    return OPGEN_SUCCESS;", "}"]
+            self.lines = []
         self.walk(iter(self.k.body.block.ops))
         body = self.lines
         ws_lines = ["size_t off = 0;"]
@@ -478,9 +493,9 @@ class CPrinter:
                          f"off += opgen_align(sizeof({ct}) * {count} * (size_t)opgen_threads());")
             ws_lines.append(f"off += opgen_align(sizeof({ct}) * {count} * (size_t)opgen_threads());")
         dims_decl = [f"const int64_t d_{d} = dims[{i}]; (void)d_{d};" for d, i in self.dim_ids.items()]
-        out = []
+        out = pre
         if self.with_ws:
-            out = [f"static size_t {self.fn_name}_ws(const int64_t *dims) {{"]
+            out += [f"static size_t {self.fn_name}_ws(const int64_t *dims) {{"]
             out += ["    " + x for x in dims_decl + ws_lines + ["return off;"]]
             out.append("}")
         out.append(f"{self.fn_attr}static opgen_status_t {self.fn_name}(const opgen_buf_t *bufs, "

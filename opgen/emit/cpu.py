@@ -106,6 +106,7 @@ def op_source(o: OpDef) -> str:
             generic = CpuPrinter(k, b, fn, info, dim_ids, pidx)
             generic.fn_name = fn + "_g"
             generic.fn_attr = '__attribute__((optimize("O1"))) '
+            generic.pre_name = fn + "_pre"
             parts.append(generic.print().replace(f"static size_t {fn}_g_ws", f"static size_t {fn}_ws"))
             parts.append(fast.print())
             parts.append(
@@ -115,7 +116,20 @@ def op_source(o: OpDef) -> str:
                 f"    if ({fast.unit_last_check()}) return {fn}_u(bufs, dims, sc, ws);\n"
                 f"    return {fn}_g(bufs, dims, sc, ws);\n}}\n")
             inst.setdefault(present, []).append(Instance(present, b, fn))
-    # signature table
+    parts += op_tables(o, inst)
+    parts += entry_points(o)
+    return "\n".join(parts) + "\n"
+
+
+def op_tables(o: OpDef, inst: dict[tuple[str, ...], list[Instance]]) -> list[str]:
+    """The op's signature table ``OP_<op>`` (parameters, dims, variants, kernels by dtype binding)
+    that the runtime binder reads; ``inst`` gives each variant's kernel entry points."""
+    sig = o.signature
+    dims = sig.dims()
+    dim_ids = {d: i for i, d in enumerate(dims)}
+    dvars = list(sig.dtype_vars())
+    pidx = {p.name: i for i, p in enumerate(sig.params)}
+    parts: list[str] = []
     rows = []
     for p in sig.params:
         spec = p.spec
@@ -149,9 +163,9 @@ def op_source(o: OpDef) -> str:
             kname = f"K_{o.variant_name(present)}"
             ents = ",\n".join(
                 "    {{" + ", ".join(dtypes.ALL.index(i.binding[v]).__str__() for v in dvars) + "}, "
-                f"{i.fn}, {i.fn}_ws}}" for i in inst[present])
+                f"{i.fn}, {i.fn}_ws, {i.fn}_pre}}" for i in inst[present])
             if not dvars:
-                ents = ",\n".join(f"    {{{{0}}, {i.fn}, {i.fn}_ws}}" for i in inst[present])
+                ents = ",\n".join(f"    {{{{0}}, {i.fn}, {i.fn}_ws, {i.fn}_pre}}" for i in inst[present])
             parts.append(f"static const opgen_kernel_entry_t {kname}[] = {{\n{ents}\n}};")
             vrows.append(f"    {{0x{mask:x}u, OPGEN_SUCCESS, \"\", {len(inst[present])}, {kname}}},")
         else:
@@ -168,6 +182,15 @@ def op_source(o: OpDef) -> str:
         f'static const opgen_op_t OP_{o.name} = {{"{o.name}", {len(sig.params)}, {len(dims)}, '
         f"{len(dvars)}, {len(o.presence_sets())}, {len(alias)}, P_{o.name}, D_{o.name}, V_{o.name}, "
         f"{f'A_{o.name}' if alias else 'NULL'}}};")
+    return parts
+
+
+def entry_points(o: OpDef, prefix: str = "opgen_", run: str = "opgen_run", extra_params: str = "",
+                 extra_args: str = "", decl: str = "") -> list[str]:
+    """The plain entry points ``<prefix><op>(...)`` and ``<prefix><op>_workspace_size(...)``,
+    both calling the runtime's ``run`` function on ``OP_<op>``."""
+    sig = o.signature
+    parts: list[str] = []
     cparams = ", ".join(c_param(p.name, p.spec) for p in sig.params)
     tens = ", ".join(p.name if isinstance(p.spec, TensorSpec) else "NULL" for p in sig.params)
     sets = []
@@ -180,14 +203,16 @@ def op_source(o: OpDef) -> str:
     prep = [f"    const opgen_tensor_t *t[{len(sig.params)}] = {{{tens}}};",
             f"    opgen_scalar_t sc[{len(sig.params)}];",
             "    memset(sc, 0, sizeof sc);", *sets]
-    parts.append(f"opgen_status_t opgen_{o.name}({cparams}, void *workspace, size_t workspace_size) {{\n"
+    null_extra = ", NULL" if extra_args else ""
+    parts.append(f"{decl}opgen_status_t {prefix}{o.name}({cparams}, void *workspace, size_t workspace_size"
+                 f"{extra_params}) {{\n"
                  + "\n".join(prep)
-                 + f"\n    return opgen_run(&OP_{o.name}, t, sc, workspace, workspace_size, NULL, 0);\n}}")
-    parts.append(f"opgen_status_t opgen_{o.name}_workspace_size({cparams}, size_t *size) {{\n"
+                 + f"\n    return {run}(&OP_{o.name}, t, sc, workspace, workspace_size, NULL, 0{extra_args});\n}}")
+    parts.append(f"{decl}opgen_status_t {prefix}{o.name}_workspace_size({cparams}, size_t *size) {{\n"
                  + "\n".join(prep)
                  + "\n    if (!size) return opgen_fail(OPGEN_ERR_NULL, \"size is NULL\");"
-                 + f"\n    return opgen_run(&OP_{o.name}, t, sc, NULL, 0, size, 1);\n}}")
-    return "\n".join(parts) + "\n"
+                 + f"\n    return {run}(&OP_{o.name}, t, sc, NULL, 0, size, 1{null_extra});\n}}")
+    return parts
 
 
 def header_info(o: OpDef) -> dict[str, object]:

@@ -39,6 +39,9 @@ INFINI_STATUS = {
     "INFINI_STATUS_BAD_TENSOR_DTYPE": 10, "INFINI_STATUS_BAD_TENSOR_SHAPE": 11,
     "INFINI_STATUS_BAD_TENSOR_STRIDES": 12, "INFINI_STATUS_INSUFFICIENT_WORKSPACE": 13,
 }
+#: Status names the operator documents (the seeds) use that InfiniCore's header lacks: aliases.
+INFINI_STATUS_ALIASES = {"INFINI_STATUS_BAD_DEVICE": "INFINI_STATUS_DEVICE_TYPE_NOT_SUPPORTED",
+                         "INFINI_STATUS_EXECUTION_FAILED": "INFINI_STATUS_INTERNAL_ERROR"}
 #: ``infiniDevice_t`` (then ``INFINI_DEVICE_TYPE_COUNT``).
 INFINI_DEVICES = ["CPU", "NVIDIA", "CAMBRICON", "ASCEND", "METAX", "MOORE", "ILUVATAR", "KUNLUN",
                   "HYGON", "QY", "ALI"]
@@ -97,7 +100,8 @@ ACLNN_STATUS = {
 EXTRA_STATUS = {
     "infiniop": {"workspace": "INFINI_STATUS_INSUFFICIENT_WORKSPACE", "alloc": "INFINI_STATUS_INTERNAL_ERROR",
                  "internal": "INFINI_STATUS_INTERNAL_ERROR"},
-    "aclnn": {"workspace": "ACLNN_ERR_PARAM_INVALID", "alloc": "ACLNN_ERR_INNER", "internal": "ACLNN_ERR_INNER"},
+    "aclnn": {"workspace": "ACLNN_ERR_PARAM_INVALID", "alloc": "ACLNN_ERR_INNER",
+              "internal": "ACLNN_ERR_INNER"},
 }
 _VENDOR_CODES = {"infiniop": INFINI_STATUS, "aclnn": ACLNN_STATUS}
 _SUCCESS = {"infiniop": "INFINI_STATUS_SUCCESS", "aclnn": "ACLNN_SUCCESS"}
@@ -417,14 +421,21 @@ def generate(ops: list[OpDef]) -> dict[str, str]:
                 acl_ops.append(aclnn_model(o, f))
     for group in (inf_ops, acl_ops):
         seen: dict[str, str] = {}
+        tags: set[str] = set()
         for m in group:
             key = m.header
             if key in seen:
                 raise DSLError(f"{m.where}: facade '{m.name}' of op '{m.op}' clashes with one of "
                                f"op '{seen[key]}' ({key})")
             seen[key] = m.op
+            salt = 0
+            while m.tag in tags:  # a CRC collision: tags only need to differ within one library
+                salt += 1
+                m.tag = _tag(f"{m.header}:{salt}")
+            tags.add(m.tag)
     ctx: dict[str, Any] = {
-        "infini_status": INFINI_STATUS, "infini_devices": INFINI_DEVICES, "infini_dtypes": INFINI_DTYPES,
+        "infini_status": INFINI_STATUS, "infini_status_aliases": INFINI_STATUS_ALIASES,
+        "infini_devices": INFINI_DEVICES, "infini_dtypes": INFINI_DTYPES,
         "acl_dtypes": ACL_DTYPES, "acl_formats": ACL_FORMATS, "acl_plain_formats": ACL_PLAIN_FORMATS,
         "acl_errors": ACL_ERRORS, "aclnn_status": ACLNN_STATUS, **_c_dtype_tables(),
     }

@@ -84,19 +84,9 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
         parser.parse_punctuation("<")
-        parser.parse_punctuation("[")
-        dims: list[StringAttr] = []
-        if parser.parse_optional_punctuation("]") is None:
-            while True:
-                num = parser.parse_optional_integer(allow_boolean=False)
-                dims.append(StringAttr(str(num) if num is not None else parser.parse_identifier()))
-                if parser.parse_optional_punctuation(",") is None:
-                    break
-            parser.parse_punctuation("]")
-        parser.parse_punctuation(",")
-        elem = parser.parse_identifier()
+        dims, elem = parse_shape_and_dtype(parser)
         parser.parse_punctuation(">")
-        return [ArrayAttr(dims), StringAttr(elem)]
+        return [dims, elem]
 
     def print_parameters(self, printer: Printer) -> None:
         printer.print_string(f"<[{', '.join(self.shape)}], {self.dtype}>")
@@ -104,6 +94,21 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
 
 def _i64s(values: Sequence[int]) -> DenseArrayBase:
     return DenseArrayBase.from_list(i64, [int(v) for v in values])
+
+
+def parse_shape_and_dtype(parser: AttrParser) -> tuple[ArrayAttr[StringAttr], StringAttr]:
+    """Parse ``[N, D, 1], T`` (dims are identifiers or integers) as used by opgen's types."""
+    parser.parse_punctuation("[")
+    dims: list[StringAttr] = []
+    if parser.parse_optional_punctuation("]") is None:
+        while True:
+            num = parser.parse_optional_integer(allow_boolean=False)
+            dims.append(StringAttr(str(num) if num is not None else parser.parse_identifier()))
+            if parser.parse_optional_punctuation(",") is None:
+                break
+        parser.parse_punctuation("]")
+    parser.parse_punctuation(",")
+    return ArrayAttr(dims), StringAttr(parser.parse_identifier())
 
 
 def tensor_type(value: SSAValue | Operation) -> TensorType:

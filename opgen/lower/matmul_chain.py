@@ -20,7 +20,7 @@ from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 from opgen.lower.to_loops import MATERIALISED, NotFusable, _Builder, _Lowering
 
-ROW_BLOCK = 64
+ROW_BLOCK = 256
 COL_BLOCK = 256
 
 

@@ -41,7 +41,7 @@ from xdsl.traits import IsolatedFromAbove, NoTerminator
 from xdsl.utils.exceptions import VerifyException
 
 from opgen import dtypes
-from opgen.ir.dialect import TensorType, tensor_type
+from opgen.ir.dialect import TensorType, parse_shape_and_dtype, tensor_type
 
 INDEX = TensorType.make([], "i64")
 
@@ -82,21 +82,11 @@ class BufType(ParametrizedAttribute, TypeAttribute):
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
         parser.parse_punctuation("<")
-        parser.parse_punctuation("[")
-        dims: list[StringAttr] = []
-        if parser.parse_optional_punctuation("]") is None:
-            while True:
-                num = parser.parse_optional_integer(allow_boolean=False)
-                dims.append(StringAttr(str(num) if num is not None else parser.parse_identifier()))
-                if parser.parse_optional_punctuation(",") is None:
-                    break
-            parser.parse_punctuation("]")
-        parser.parse_punctuation(",")
-        elem = parser.parse_identifier()
+        dims, elem = parse_shape_and_dtype(parser)
         parser.parse_punctuation(",")
         role = parser.parse_identifier()
         parser.parse_punctuation(">")
-        return [ArrayAttr(dims), StringAttr(elem), StringAttr(role)]
+        return [dims, elem, StringAttr(role)]
 
     def print_parameters(self, printer: Printer) -> None:
         printer.print_string(f"<[{', '.join(self.shape)}], {self.dtype}, {self.role.data}>")

@@ -27,6 +27,10 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # C11 + OpenMP: loops over buffers; the printer maps the outermost parallel loop to OpenMP
     # and splits reductions into fixed lanes (opgen/emit/cpu.py).
     "cpu": [*L0, LowerToLoops()],
+    # CUDA: the same loops; the printer maps parallel loops to blocks/threads, reduce loops to
+    # fixed-tree block reductions and per-iteration scratch to per-block workspace slices
+    # (opgen/emit/cuda.py).
+    "cuda": [*L0, LowerToLoops()],
 }
 
 
