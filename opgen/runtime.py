@@ -163,7 +163,9 @@ def ttnn_function(op_name: str) -> Any:
         logical = b.outputs[decl.output].shape
         if output_tensor is not None:
             out_full = to_numpy(output_tensor)
-            if out_full.shape not in (tuple(logical), (*lead, *logical)) or out_full.dtype != want:
+            if out_full.dtype != want:
+                raise OpError("dtype", f"{decl.name}: output_tensor must be {want}, got {out_full.dtype}")
+            if out_full.shape not in (tuple(logical), (*lead, *logical)):
                 raise OpError("shape", f"{decl.name}: output_tensor must be {(*lead, *logical)} {want}")
         else:
             out_full = np.zeros((*lead, *logical), want)

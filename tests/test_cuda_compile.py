@@ -1,0 +1,133 @@
+"""The CUDA target without a GPU: the generator's structure for every op, and (where nvcc is
+installed) every generated .cu compiled with nvcc for sm_80 and sm_90 with all warnings as errors
+(``opgen.compile.NVCC_FLAGS``), linked into libopgen_cuda.so exporting exactly the plain ABI.
+
+The sources are generated fresh from ops_dsl/ (so a stale generated/ cannot hide a failure) into
+build/cuda/test-src/ and compiled in parallel into the object cache that ``opgen build --cuda``
+uses: unchanged sources are not recompiled. Running them on a GPU is benchmarks/gpu.py's job.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from opgen import build, registry
+from opgen import compile as cc
+from opgen.emit import cuda
+
+NVCC = cc.nvcc()
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (set NVCC or install the CUDA "
+                                                      "toolkit): the CUDA compile checks are skipped")
+OUT = registry.REPO_ROOT / "build" / "cuda"
+
+
+@pytest.fixture(scope="module")
+def sources() -> dict[str, str]:
+    """Every generated file (fresh), by path relative to generated/."""
+    return build.generate_all(verbose=False)
+
+
+def _cu(sources: dict[str, str]) -> dict[str, str]:
+    return {p: t for p, t in sources.items() if p.startswith("cuda/")}
+
+
+def test_every_op_has_a_cuda_source(sources: dict[str, str]) -> None:
+    names = set(registry.load_all())
+    got = {Path(p).stem for p in _cu(sources) if p.endswith(".cu")}
+    assert names <= got, f"ops without a CUDA source: {sorted(names - got)}"
+    header = sources["include/opgen_cuda.h"]
+    for n in names:
+        for fn in (f"opgen_cuda_{n}(", f"opgen_cuda_{n}_workspace_size("):
+            assert fn in header, f"opgen_cuda.h does not declare {fn}"
+            assert fn in sources[f"cuda/{n}.cu"], f"cuda/{n}.cu does not define {fn}"
+
+
+def test_no_float_atomics_and_every_kernel_stops_after_a_failed_check(sources: dict[str, str]) -> None:
+    """Determinism by construction: only integer atomics (counts), and every kernel of a call
+    returns at once when an earlier device-side check failed (so nothing is written)."""
+    for path, text in _cu(sources).items():
+        for m in re.finditer(r"atomicAdd\(\(([^*]+) \*\)", text):
+            assert m.group(1) in ("int", "unsigned int", "unsigned long long"), f"{path}: {m.group(0)}"
+        assert "atomicAdd((float" not in text and "atomicAdd((double" not in text, path
+        if path.endswith("opgen_cuda_rt.cu"):
+            continue
+        head = r"__global__ void __launch_bounds__\(OPGEN_CUDA_THREADS\) (\w+)\(const opgen_cuda_args_t a\) \{\n(.*)\n"
+        for m in re.finditer(head, text):
+            assert m.group(2).strip().startswith("if (*a.err) return;"), f"{path}: {m.group(1)}"
+
+
+def test_threads_per_block_is_the_runtime_constant(sources: dict[str, str]) -> None:
+    assert f"#define OPGEN_CUDA_THREADS {cuda.THREADS}\n" in sources["cuda/opgen_cuda_rt.cuh"]
+    assert f"#define OPGEN_CUDA_MAX_WS {cuda.MAX_WS}\n" in sources["cuda/opgen_cuda_rt.cuh"]
+
+
+def _write(sources: dict[str, str]) -> tuple[Path, Path]:
+    """The CUDA sources and headers under build/cuda/test-src/ (only changed files rewritten)."""
+    root = OUT / "test-src"
+    for p, text in sources.items():
+        if not (p.startswith("cuda/") or p.startswith("include/")):
+            continue
+        dst = root / p
+        if not dst.is_file() or dst.read_text() != text:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_text(text)
+    return root / "cuda", root / "include"
+
+
+@pytest.fixture(scope="module")
+def compiled(sources: dict[str, str]) -> dict[str, str | Path]:
+    """Compile every .cu (in parallel): object path, or the compiler's error text."""
+    if NVCC is None:
+        pytest.skip("nvcc not found (set NVCC or install the CUDA toolkit): the CUDA compile checks are skipped")
+    src, inc = _write(sources)
+    files = sorted(src.glob("*.cu"))
+
+    def one(f: Path) -> tuple[str, str | Path]:
+        try:
+            ((obj, _),) = cc.compile_cuda_objects(src, inc, OUT / "obj", sources=[f], verbose=False)
+            return f.name, obj
+        except cc.CompileError as e:
+            return f.name, str(e)
+
+    with ThreadPoolExecutor(max_workers=cc.nvcc_jobs()) as ex:
+        return dict(ex.map(one, files))
+
+
+CU_FILES = ["opgen_cuda_rt.cu", *[f"{n}.cu" for n in registry.load_all()]]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", CU_FILES)
+def test_nvcc_compiles_for_sm80_and_sm90_without_warnings(compiled: dict[str, str | Path], name: str) -> None:
+    assert name in compiled, f"{name} was not generated"
+    res = compiled[name]
+    assert isinstance(res, Path), f"nvcc rejected {name}:\n{res}"
+
+
+@needs_nvcc
+def test_library_links_and_exports_only_the_plain_abi(compiled: dict[str, str | Path], tmp_path: Path) -> None:
+    bad = {k: v for k, v in compiled.items() if not isinstance(v, Path)}
+    if bad:
+        pytest.fail(f"not compiled: {sorted(bad)}")
+    lib = tmp_path / "libopgen_cuda.so"
+    cmd = [str(NVCC), *cc.NVCC_LINK, "-gencode", "arch=compute_80,code=sm_80", "-gencode",
+           "arch=compute_90,code=sm_90", "-o", str(lib), *map(str, compiled.values())]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm not found: exported symbols not checked")
+    syms = subprocess.run([nm, "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True)
+    exported = {ln.split()[-1] for ln in syms.stdout.splitlines() if ln.strip()}
+    names = registry.load_all()
+    want = {f"opgen_cuda_{n}" for n in names} | {f"opgen_cuda_{n}_workspace_size" for n in names}
+    want |= {"opgen_cuda_last_error", "opgen_cuda_status_string", "opgen_cuda_device_status"}
+    assert want <= exported, f"missing: {sorted(want - exported)}"
+    extra = {s for s in exported if not s.startswith("opgen_cuda_") and not s.startswith("_")}
+    assert not extra, f"the library exports more than the plain ABI: {sorted(extra)[:20]}"
