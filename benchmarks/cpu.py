@@ -5,7 +5,7 @@
 Runs alternate (ours, torch, ours, torch, ...) and report medians. Memory-bound rows also show
 the fraction of this machine's copy bandwidth (measured in the same run: bytes read + written by
 a large numpy copy). FLCE peak memory is measured in a fresh subprocess per contender
-(ru_maxrss growth across the call).
+(resident-set growth over the call, sampled every millisecond).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -158,10 +157,25 @@ def peak_main(who: str, quick: bool) -> None:
     runtime.load()
     fn = (lambda: runtime.call("fused_linear_cross_entropy_loss_grad", **args)) if who == "ours" \
         else (lambda: flce_torch(d))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    import threading
+
+    def rss_mb() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    before, peak, done = rss_mb(), [0.0], threading.Event()
+
+    def sample() -> None:  # resident-set size sampled every millisecond during the call
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_mb())
+            time.sleep(0.001)
+
+    t = threading.Thread(target=sample)
+    t.start()
     fn()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print((after - before) / 1024.0)
+    done.set()
+    t.join()
+    print(max(0.0, max(peak[0], rss_mb()) - before))
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from opgen.dsl.opdef import OpDef, Rejected
 from opgen.dsl.spec import AttrSpec, Batch, DTypeVar, SizeSpec, TensorSpec
 from opgen.ir.dialect import FuncOp
 
-STATUSES = ("null", "param", "shape", "dtype", "strides", "index")
+STATUSES = ("null", "param", "shape", "dtype", "strides", "index", "workspace", "alloc", "internal")
 
 
 class OpError(Exception):

@@ -22,7 +22,8 @@ from opgen.binding import OpError, bind, to_numpy
 from opgen.dsl.spec import AttrSpec, SizeSpec, TensorSpec
 
 #: plain-ABI status code -> abstract status (see opgen.emit.render.STATUSES)
-STATUS = {1: "null", 2: "param", 3: "shape", 4: "dtype", 5: "strides", 6: "index"}
+STATUS = {1: "null", 2: "param", 3: "shape", 4: "dtype", 5: "strides", 6: "index", 7: "workspace", 8: "alloc",
+          9: "internal"}
 
 
 class TensorDesc(ctypes.Structure):
@@ -103,7 +104,7 @@ def call(op_name: str, lib: ctypes.CDLL | None = None, workspace: bool = True, *
     st = fn(*cargs, None, ctypes.c_size_t(0))
     if st != 0:
         msg = lib.opgen_last_error().decode()
-        raise OpError(STATUS.get(st, "param"), f"status {st}: {msg}")
+        raise OpError(STATUS.get(st, "internal"), f"status {st}: {msg}")
     return outs
 
 

@@ -56,18 +56,12 @@ from opgen import dtypes
 # --------------------------------------------------------------------------------------- types
 
 
-@irdl_attr_definition
-class TensorType(ParametrizedAttribute, TypeAttribute):
-    """``!opgen.tensor<[N, D], T>``: a tensor of symbolic shape and (possibly variable) dtype."""
-
-    name = "opgen.tensor"
+class SymbolicShape:
+    """Accessors of opgen's shaped types, whose parameters are ``dims`` (names or digits) and
+    ``elem`` (a dtype or dtype-variable name)."""
 
     dims: ArrayAttr[StringAttr]
     elem: StringAttr
-
-    @staticmethod
-    def make(shape: Sequence[str | int], dtype: str) -> TensorType:
-        return TensorType(ArrayAttr([StringAttr(str(d)) for d in shape]), StringAttr(dtype))
 
     @property
     def shape(self) -> tuple[str, ...]:
@@ -80,6 +74,20 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
     @property
     def rank(self) -> int:
         return len(self.dims.data)
+
+
+@irdl_attr_definition
+class TensorType(SymbolicShape, ParametrizedAttribute, TypeAttribute):
+    """``!opgen.tensor<[N, D], T>``: a tensor of symbolic shape and (possibly variable) dtype."""
+
+    name = "opgen.tensor"
+
+    dims: ArrayAttr[StringAttr]
+    elem: StringAttr
+
+    @staticmethod
+    def make(shape: Sequence[str | int], dtype: str) -> TensorType:
+        return TensorType(ArrayAttr([StringAttr(str(d)) for d in shape]), StringAttr(dtype))
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:

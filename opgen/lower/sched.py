@@ -41,7 +41,7 @@ from xdsl.traits import IsolatedFromAbove, NoTerminator
 from xdsl.utils.exceptions import VerifyException
 
 from opgen import dtypes
-from opgen.ir.dialect import TensorType, parse_shape_and_dtype, tensor_type
+from opgen.ir.dialect import SymbolicShape, TensorType, parse_shape_and_dtype, tensor_type
 
 INDEX = TensorType.make([], "i64")
 
@@ -49,7 +49,7 @@ BUF_ROLES = ("in", "out", "temp", "local")
 
 
 @irdl_attr_definition
-class BufType(ParametrizedAttribute, TypeAttribute):
+class BufType(SymbolicShape, ParametrizedAttribute, TypeAttribute):
     """``!sched.buf<[N, D], bf16, in>``: a strided view of memory.
 
     Roles: ``in``/``out`` come from the caller (strides from the ABI descriptor), ``temp`` is a
@@ -66,18 +66,6 @@ class BufType(ParametrizedAttribute, TypeAttribute):
     def make(shape: Sequence[str | int], dtype: str, role: str) -> BufType:
         return BufType(ArrayAttr([StringAttr(str(d)) for d in shape]), StringAttr(dtype),
                        StringAttr(role))
-
-    @property
-    def shape(self) -> tuple[str, ...]:
-        return tuple(d.data for d in self.dims.data)
-
-    @property
-    def dtype(self) -> str:
-        return self.elem.data
-
-    @property
-    def rank(self) -> int:
-        return len(self.dims.data)
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
