@@ -22,10 +22,10 @@ from collections.abc import Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from opgen import runtime  # noqa: E402
+from opgen import runtime
 
 THREADS = int(os.environ["OMP_NUM_THREADS"])
 torch.set_num_threads(THREADS)
@@ -206,7 +206,7 @@ def main() -> None:
         rows.append(row_flce(a.quick))
         print(rows[-1], flush=True)
     print()
-    print(f"| case | opgen ms | PyTorch ms | speed-up | % copy BW | notes |")
+    print("| case | opgen ms | PyTorch ms | speed-up | % copy BW | notes |")
     print("|---|---:|---:|---:|---:|---|")
     for r in rows:
         sp = r["torch_ms"] / r["ours_ms"]

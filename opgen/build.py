@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +37,14 @@ def generate_cpu(o: OpDef) -> dict[str, str]:
     return {f"cpu/{o.name}.c": cpu.op_source(o)}
 
 
+def generate_cuda(o: OpDef) -> dict[str, str]:
+    """``cuda/<op>.cu``: CUDA kernels and host launchers of every variant x dtype binding plus
+    the plain C entry points ``opgen_cuda_<op>`` (declared in ``include/opgen_cuda.h``)."""
+    from opgen.emit import cuda
+
+    return {f"cuda/{o.name}.cu": cuda.op_source(o)}
+
+
 def generate_common(ops: list[OpDef]) -> dict[str, str]:
     """Files shared by all ops: the public header, the CPU runtime and the vendor facades."""
     from opgen.emit import cpu, facades, render
@@ -45,11 +54,14 @@ def generate_common(ops: list[OpDef]) -> dict[str, str]:
         "include/opgen.h": render.render("include/opgen.h.j2", ops=infos),
         "cpu/opgen_rt.h": render.render("cpu/opgen_rt.h.j2"),
         "cpu/opgen_rt.c": render.render("cpu/opgen_rt.c.j2"),
+        "include/opgen_cuda.h": render.render("include/opgen_cuda.h.j2", ops=infos),
+        "cuda/opgen_cuda_rt.cuh": render.render("cuda/opgen_cuda_rt.cuh.j2"),
+        "cuda/opgen_cuda_rt.cu": render.render("cuda/opgen_cuda_rt.cu.j2"),
         **facades.generate(ops),
     }
 
 
-GENERATORS: list[tuple[str, Generator]] = [("ir", generate_ir), ("cpu", generate_cpu)]
+GENERATORS: list[tuple[str, Generator]] = [("ir", generate_ir), ("cpu", generate_cpu), ("cuda", generate_cuda)]
 
 
 def _sources_digest() -> str:
@@ -88,11 +100,44 @@ def compile_cpu(out_dir: Path, verbose: bool) -> None:
               f" ready ({time.perf_counter() - t0:.1f}s)")
 
 
+def cuda_wanted(flag: bool | None) -> bool:
+    """Build the CUDA library? ``--cuda`` / ``--no-cuda``, else ``$OPGEN_CUDA`` (1/0)."""
+    if flag is not None:
+        return flag
+    return os.environ.get("OPGEN_CUDA", "0").strip().lower() in ("1", "yes", "true", "on")
+
+
+def compile_cuda(out_dir: Path, verbose: bool, wanted: bool) -> None:
+    """Build build/cuda/libopgen_cuda.so when asked and nvcc exists; say plainly otherwise.
+
+    Not by default: nvcc needs minutes for every kernel instance of every op (sm_80 + sm_90,
+    warnings as errors); objects are cached, so later builds only recompile what changed."""
+    from opgen import compile as cc
+
+    rel = (BUILD_DIR / "cuda" / "libopgen_cuda.so").relative_to(registry.REPO_ROOT)
+    tool = cc.nvcc()
+    if not tool:
+        if verbose or wanted:
+            print(f"opgen build: nvcc not found: {rel} not built (generated/cuda/ is still written; "
+                  "install the CUDA toolkit or set NVCC to build it)")
+        return
+    if not wanted:
+        if verbose:
+            print(f"opgen build: {rel} not built (nvcc found: run 'opgen build --cuda' or set OPGEN_CUDA=1; "
+                  "the first build takes minutes)")
+        return
+    t0 = time.perf_counter()
+    lib = cc.build_cuda_library(out_dir / "cuda", out_dir / "include", BUILD_DIR / "cuda", verbose=verbose)
+    if verbose:
+        print(f"opgen build: {lib.relative_to(registry.REPO_ROOT) if lib.is_relative_to(registry.REPO_ROOT) else lib}"
+              f" ready ({time.perf_counter() - t0:.1f}s)")
+
+
 BUILD_DIR = registry.REPO_ROOT / "build"
 
 
 def main(check: bool = False, out: str | None = None, verbose: bool = True,
-         compile_lib: bool = True) -> int:
+         compile_lib: bool = True, cuda: bool | None = None) -> int:
     out_dir = Path(out).resolve() if out else registry.REPO_ROOT / "generated"
     stamp_file = BUILD_DIR / ("generate." + hashlib.sha256(str(out_dir).encode()).hexdigest()[:12] + ".stamp")
     digest = _sources_digest()
@@ -108,6 +153,7 @@ def main(check: bool = False, out: str | None = None, verbose: bool = True,
                 print(f"opgen build: {out_dir} is up to date")
             if compile_lib:
                 compile_cpu(out_dir, verbose)
+                compile_cuda(out_dir, verbose, cuda_wanted(cuda))
             return 0
     if verbose:
         print(f"opgen build: generating into {out_dir}" + (" (check only)" if check else ""))
@@ -144,4 +190,5 @@ def main(check: bool = False, out: str | None = None, verbose: bool = True,
               f"{len(files) - len(changed)} unchanged")
     if compile_lib:
         compile_cpu(out_dir, verbose)
+        compile_cuda(out_dir, verbose, cuda_wanted(cuda))
     return 0

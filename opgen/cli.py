@@ -19,6 +19,7 @@ EPILOG = """examples:
   opgen show OP --target cpu --stage lower-to-loops   the CPU loop IR
   opgen build                             regenerate generated/ (incremental)
   opgen build --check                     exit 1 if generated/ is stale
+  opgen build --cuda                      also build build/cuda/libopgen_cuda.so (needs nvcc)
   opgen eval OP --dims N=6,D=4 --dtype T=bf16 --set eps=1e-6
 """
 
@@ -90,9 +91,9 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     try:
         return build.main(check=args.check, out=args.out, verbose=not args.quiet,
-                          compile_lib=not args.no_compile)
+                          compile_lib=not args.no_compile, cuda=args.cuda)
     except CompileError as e:
-        print(f"opgen build: C compilation failed:\n{e}", file=sys.stderr)
+        print(f"opgen build: compilation failed:\n{e}", file=sys.stderr)
         return 1
 
 
@@ -205,6 +206,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("--no-compile", action="store_true",
                    help="only write generated/, do not compile build/cpu/libopgen.so")
+    p.add_argument("--cuda", action=argparse.BooleanOptionalAction, default=None,
+                   help="also compile build/cuda/libopgen_cuda.so with nvcc (default: $OPGEN_CUDA, "
+                        "else no; the first build takes minutes)")
     p.set_defaults(fn=cmd_build)
 
     p = sub.add_parser("eval", help="run an op with the numpy oracle on random or given inputs",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -88,15 +89,21 @@ NVCC_LINK = ["-shared", "-Xlinker", "--exclude-libs,ALL", "-Xlinker", "-Bsymboli
 
 
 def nvcc() -> str | None:
-    """The nvcc to use ($NVCC, then PATH, then /usr/local/cuda/bin), or None."""
-    env = os.environ.get("NVCC")
-    if env:
-        return env
+    """The nvcc to use ($NVCC — empty means none —, then PATH, then /usr/local/cuda/bin), or None."""
+    if "NVCC" in os.environ:
+        return os.environ["NVCC"] or None
     found = shutil.which("nvcc")
     if found:
         return found
     default = Path("/usr/local/cuda/bin/nvcc")
     return str(default) if default.exists() else None
+
+
+@functools.cache
+def nvcc_version(tool: str) -> str:
+    """``nvcc --version`` (part of the object cache key: the path to nvcc is not)."""
+    r = subprocess.run([tool, "--version"], capture_output=True, text=True)
+    return r.stdout.strip() or tool
 
 
 def nvcc_jobs() -> int:
@@ -117,8 +124,8 @@ def compile_cuda_objects(src_dir: Path, include_dir: Path, obj_dir: Path, source
                                                        *include_dir.glob("*.h")]))
 
     def one(src: Path) -> tuple[Path, bool]:
-        key = hashlib.sha256(src.read_bytes() + headers + " ".join([tool, *flags]).encode()).hexdigest()[:16]
-        obj = obj_dir / f"{src.stem}.{key}.o"
+        key = hashlib.sha256(src.read_bytes() + headers + " ".join([nvcc_version(tool), *flags]).encode())
+        obj = obj_dir / f"{src.stem}.{key.hexdigest()[:16]}.o"
         if obj.exists():
             return obj, False
         cmd = [tool, *flags, f"-I{src_dir}", f"-I{include_dir}", "-c", str(src), "-o", str(obj) + ".tmp"]

@@ -9,6 +9,7 @@ uses: unchanged sources are not recompiled. Running them on a GPU is benchmarks/
 
 from __future__ import annotations
 
+import ctypes
 import re
 import shutil
 import subprocess
@@ -110,20 +111,27 @@ def test_nvcc_compiles_for_sm80_and_sm90_without_warnings(compiled: dict[str, st
     assert isinstance(res, Path), f"nvcc rejected {name}:\n{res}"
 
 
-@needs_nvcc
-def test_library_links_and_exports_only_the_plain_abi(compiled: dict[str, str | Path], tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def library(compiled: dict[str, str | Path]) -> Path:
+    """libopgen_cuda.so linked from the objects (into build/cuda/test-lib/)."""
     bad = {k: v for k, v in compiled.items() if not isinstance(v, Path)}
     if bad:
         pytest.fail(f"not compiled: {sorted(bad)}")
-    lib = tmp_path / "libopgen_cuda.so"
+    lib = OUT / "test-lib" / "libopgen_cuda.so"
+    lib.parent.mkdir(parents=True, exist_ok=True)
     cmd = [str(NVCC), *cc.NVCC_LINK, "-gencode", "arch=compute_80,code=sm_80", "-gencode",
            "arch=compute_90,code=sm_90", "-o", str(lib), *map(str, compiled.values())]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+    return lib
+
+
+@needs_nvcc
+def test_library_links_and_exports_only_the_plain_abi(library: Path) -> None:
     nm = shutil.which("nm")
     if nm is None:
         pytest.skip("nm not found: exported symbols not checked")
-    syms = subprocess.run([nm, "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True)
+    syms = subprocess.run([nm, "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True)
     exported = {ln.split()[-1] for ln in syms.stdout.splitlines() if ln.strip()}
     names = registry.load_all()
     want = {f"opgen_cuda_{n}" for n in names} | {f"opgen_cuda_{n}_workspace_size" for n in names}
@@ -131,3 +139,66 @@ def test_library_links_and_exports_only_the_plain_abi(compiled: dict[str, str | 
     assert want <= exported, f"missing: {sorted(want - exported)}"
     extra = {s for s in exported if not s.startswith("opgen_cuda_") and not s.startswith("_")}
     assert not extra, f"the library exports more than the plain ABI: {sorted(extra)[:20]}"
+
+
+def _sizing_call(lib: ctypes.CDLL, fn: str, o: object, args: dict) -> tuple[int, int]:
+    """(status, bytes) of ``fn`` (a *_workspace_size entry point) on numpy arrays: no data is
+    touched, so host memory serves for both libraries."""
+    from opgen import dtypes
+    from opgen.dsl.spec import AttrSpec, TensorSpec
+    from opgen.runtime import describe
+
+    keep, cargs = [], []
+    for p in o.signature.params:  # type: ignore[attr-defined]
+        v = args.get(p.name)
+        if isinstance(p.spec, TensorSpec):
+            if v is None:
+                cargs.append(None)
+                continue
+            d, h = describe(v)
+            keep.append((d, h))
+            cargs.append(ctypes.pointer(d))
+        elif isinstance(p.spec, AttrSpec):
+            val = p.spec.default if v is None else v
+            cargs.append(ctypes.c_float(float(val)) if p.spec.dtype == dtypes.F32 else
+                         ctypes.c_int64(int(val)) if p.spec.dtype == dtypes.I64 else ctypes.c_bool(bool(val)))
+        else:
+            cargs.append(ctypes.c_int64(int(v) if v is not None else -1))
+    size = ctypes.c_size_t(0)
+    st = getattr(lib, fn)(*cargs, ctypes.byref(size))
+    return int(st), int(size.value)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", sorted(registry.load_all()))
+def test_host_binder_validates_like_the_cpu_library(library: Path, name: str) -> None:
+    """The CUDA library's binder is the CPU runtime's (one template): sizing calls (which run
+    the validation and the entry's scalar checks, and launch nothing — no GPU needed) return
+    the same status as the CPU library for a valid call and for broken variants of it."""
+    import numpy as np
+
+    from opgen import runtime
+    from opgen.cli import random_inputs
+    from opgen.dsl.spec import TensorSpec
+
+    cpu_path = runtime.library_path()
+    if not cpu_path.exists():
+        pytest.skip(f"{cpu_path} not built")
+    cpu_lib, cuda_lib = ctypes.CDLL(str(cpu_path)), ctypes.CDLL(str(library))
+    cuda_lib.opgen_cuda_last_error.restype = ctypes.c_char_p
+    o = registry.get(name)
+    present = next(iter(o.variants))
+    base = random_inputs(o, dict.fromkeys(o.signature.dims(), 130), {}, 0, present)  # 130: V >= 128 rules
+    tensors = [p for p in o.signature.params if isinstance(p.spec, TensorSpec) and p.name in base]
+    calls = {"valid": base}
+    for p in tensors[:3]:
+        calls[f"{p.name} as f64 ravel"] = {**base, p.name: np.asarray(base[p.name], np.float64).ravel()}
+        calls[f"{p.name} as i8"] = {**base, p.name: np.asarray(base[p.name]).astype(np.int8)}
+    for what, args in calls.items():
+        st_cpu, _ = _sizing_call(cpu_lib, f"opgen_{name}_workspace_size", o, args)
+        st_cuda, size = _sizing_call(cuda_lib, f"opgen_cuda_{name}_workspace_size", o, args)
+        assert st_cuda == st_cpu, (f"{name} ({what}): CUDA status {st_cuda} "
+                                   f"({cuda_lib.opgen_cuda_last_error().decode()}) vs CPU {st_cpu}")
+        if what == "valid":
+            assert st_cpu == 0, f"{name}: the valid call was rejected"
+            assert size > 0, f"{name}: the CUDA workspace holds at least the status word"

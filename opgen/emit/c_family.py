@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 from xdsl.ir import Operation, SSAValue
 
@@ -168,14 +169,14 @@ class CPrinter:
         return f"{self.name(buf)}[{self.offset(buf, idx)}]"
 
     # ------------------------------------------------------------------ scalar ops
-    UNARY_F = {ir.ExpOp: "exp", ir.LogOp: "log", ir.SqrtOp: "sqrt", ir.TanhOp: "tanh"}
-    BINARY = {ir.AddOp: "+", ir.SubOp: "-", ir.MulOp: "*", ir.AndOp: "&&", ir.OrOp: "||"}
-    CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+    UNARY_F: ClassVar[dict[type, str]] = {ir.ExpOp: "exp", ir.LogOp: "log", ir.SqrtOp: "sqrt", ir.TanhOp: "tanh"}
+    BINARY: ClassVar[dict[type, str]] = {ir.AddOp: "+", ir.SubOp: "-", ir.MulOp: "*", ir.AndOp: "&&", ir.OrOp: "||"}
+    CMP: ClassVar[dict[str, str]] = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
     def fmath(self, fn: str, dtype: str) -> str:
         return fn + ("f" if self.dtype(dtype).compute == dtypes.F32 else "")
 
-    def scalar_expr(self, op: Operation) -> str:  # noqa: PLR0911, PLR0912 - a dispatch table
+    def scalar_expr(self, op: Operation) -> str:
         if isinstance(op, ir.ConstantOp):
             return c_literal(op.number, self.dtype(ir.tensor_type(op.result).dtype))
         if isinstance(op, ir.DimOp):
@@ -246,7 +247,7 @@ class CPrinter:
         for op in ops:
             self.stmt(op)
 
-    def stmt(self, op: Operation) -> None:  # noqa: PLR0912
+    def stmt(self, op: Operation) -> None:
         if op.results and not any(r.uses for r in op.results):
             return  # a dead value or an unused scratch buffer: nothing to print
         if isinstance(op, s.ForOp):

@@ -1,0 +1,416 @@
+/* opgen_cuda_rt.cu — argument binding, validation and launch shared by every CUDA op. Generated.
+ * The binder (descriptor checks, dims, strides, variant and kernel choice, workspace size) is the
+ * CPU runtime's, rendered from the same template; only the tail differs: device workspace,
+ * row-offset tables filled on the device, kernels launched on the caller's stream. */
+#include "opgen_cuda_rt.cuh"
+
+#include <cub/device/device_radix_sort.cuh>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static thread_local char opgen_err[256];
+
+extern "C" OPGEN_API const char *opgen_cuda_last_error(void) { return opgen_err; }
+
+extern "C" OPGEN_API const char *opgen_cuda_status_string(opgen_status_t status) {
+    switch (status) {
+    case OPGEN_SUCCESS: return "OPGEN_SUCCESS";
+    case OPGEN_ERR_NULL: return "OPGEN_ERR_NULL";
+    case OPGEN_ERR_PARAM: return "OPGEN_ERR_PARAM";
+    case OPGEN_ERR_SHAPE: return "OPGEN_ERR_SHAPE";
+    case OPGEN_ERR_DTYPE: return "OPGEN_ERR_DTYPE";
+    case OPGEN_ERR_STRIDES: return "OPGEN_ERR_STRIDES";
+    case OPGEN_ERR_INDEX: return "OPGEN_ERR_INDEX";
+    case OPGEN_ERR_WORKSPACE: return "OPGEN_ERR_WORKSPACE";
+    case OPGEN_ERR_ALLOC: return "OPGEN_ERR_ALLOC";
+    case OPGEN_ERR_INTERNAL: return "OPGEN_ERR_INTERNAL";
+    }
+    return "OPGEN_UNKNOWN_STATUS";
+}
+
+opgen_status_t opgen_fail(opgen_status_t st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(opgen_err, sizeof opgen_err, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+opgen_status_t opgen_cuda_launched(const char *what) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return opgen_fail(OPGEN_ERR_INTERNAL, "%s: CUDA: %s", what, cudaGetErrorString(e));
+    return OPGEN_SUCCESS;
+}
+
+#define OPGEN_CUDA_MAX_DEVICES 64
+
+static int opgen_cuda_sms(void) {
+    static int cache[OPGEN_CUDA_MAX_DEVICES];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= OPGEN_CUDA_MAX_DEVICES) {
+        cudaGetLastError();
+        return 132;
+    }
+    if (!cache[dev]) {
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+            cudaGetLastError();
+            n = 132;
+        }
+        cache[dev] = n;
+    }
+    return cache[dev];
+}
+
+int64_t opgen_cuda_grid(int64_t iters, size_t scratch) {
+    if (iters <= 0) return 0;
+    int64_t cap = 16 * (int64_t)opgen_cuda_sms();
+    if (scratch > 0) {
+        int64_t fit = (int64_t)(((size_t)256 << 20) / scratch); /* ~256 MiB of scratch in all */
+        if (fit < opgen_cuda_sms()) fit = opgen_cuda_sms();
+        if (fit < cap) cap = fit;
+    }
+    return iters < cap ? iters : cap;
+}
+
+__device__ unsigned int opgen_cuda_sticky_word;
+
+unsigned int *opgen_cuda_sticky(void) {
+    static unsigned int *cache[OPGEN_CUDA_MAX_DEVICES];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= OPGEN_CUDA_MAX_DEVICES) {
+        cudaGetLastError();
+        return NULL;
+    }
+    if (!cache[dev]) {
+        void *p = NULL;
+        if (cudaGetSymbolAddress(&p, opgen_cuda_sticky_word) != cudaSuccess) {
+            cudaGetLastError();
+            return NULL;
+        }
+        cache[dev] = (unsigned int *)p;
+    }
+    return cache[dev];
+}
+
+extern "C" OPGEN_API opgen_status_t opgen_cuda_device_status(void *stream, int clear) {
+    unsigned int word = 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (cudaStreamSynchronize(s) != cudaSuccess ||
+        cudaMemcpyFromSymbol(&word, opgen_cuda_sticky_word, sizeof word) != cudaSuccess)
+        return opgen_cuda_launched("opgen_cuda_device_status");
+    if (clear) {
+        const unsigned int zero = 0;
+        if (cudaMemcpyToSymbol(opgen_cuda_sticky_word, &zero, sizeof zero) != cudaSuccess)
+            return opgen_cuda_launched("opgen_cuda_device_status");
+    }
+    return word ? opgen_fail((opgen_status_t)word, "an index was out of range on the device: the call wrote nothing")
+                : OPGEN_SUCCESS;
+}
+
+/* ---- segments: a stable radix sort of (index, position) pairs, then each row's start ---- */
+static int opgen_key_bits(int64_t rows) {
+    int bits = 1;
+    while (bits < 63 && ((int64_t)1 << bits) < rows) bits++;
+    return bits;
+}
+
+static __global__ void opgen_iota_k(int64_t *v, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        v[i] = i;
+}
+
+/* start[r] = first position whose sorted key is >= r (a binary search: keys are sorted). */
+static __global__ void opgen_starts_k(const int64_t *keys, int64_t n, int64_t rows, int64_t *start) {
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r <= rows; r += (int64_t)gridDim.x * blockDim.x) {
+        int64_t lo = 0, hi = n;
+        while (lo < hi) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            if (keys[mid] < r) lo = mid + 1; else hi = mid;
+        }
+        start[r] = r == rows ? n : lo;
+    }
+}
+
+size_t opgen_cuda_segments_tmp(int64_t n, int64_t rows) {
+    size_t bytes = 0;
+    if (n <= 0 || n > INT32_MAX) return 0;
+    if (cub::DeviceRadixSort::SortPairs(NULL, bytes, (const int64_t *)NULL, (int64_t *)NULL, (const int64_t *)NULL,
+                                        (int64_t *)NULL, (int)n, 0, opgen_key_bits(rows)) != cudaSuccess) {
+        cudaGetLastError();
+        return (size_t)n * 32 + ((size_t)1 << 20); /* no device to ask: a generous guess */
+    }
+    return bytes;
+}
+
+opgen_status_t opgen_cuda_segments(const int64_t *idx, int64_t n, int64_t rows, int64_t *start, int64_t *order,
+                                   int64_t *keys, int64_t *vals, void *tmp, size_t tmp_bytes,
+                                   cudaStream_t stream) {
+    if (n > INT32_MAX) return opgen_fail(OPGEN_ERR_SHAPE, "segments: more than 2^31 - 1 indices");
+    const int64_t blocks = opgen_cuda_grid((rows + OPGEN_CUDA_THREADS) / OPGEN_CUDA_THREADS, 0);
+    if (n > 0) {
+        opgen_iota_k<<<(unsigned)opgen_cuda_grid((n + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0),
+                       OPGEN_CUDA_THREADS, 0, stream>>>(vals, n);
+        size_t bytes = tmp_bytes;
+        if (cub::DeviceRadixSort::SortPairs(tmp, bytes, idx, keys, vals, order, (int)n, 0, opgen_key_bits(rows),
+                                            stream) != cudaSuccess)
+            return opgen_cuda_launched("segments: radix sort");
+    }
+    opgen_starts_k<<<(unsigned)blocks, OPGEN_CUDA_THREADS, 0, stream>>>(keys, n, rows, start);
+    return opgen_cuda_launched("segments");
+}
+
+/* ---- row-offset tables of Batch dims spread over several physical axes ---- */
+typedef struct {
+    int64_t shape[OPGEN_MAX_RANK];
+    int64_t st[OPGEN_MAX_RANK];
+} opgen_rows_desc_t;
+
+static __global__ void opgen_rows_k(int64_t *ro, int64_t rows, int nb, opgen_rows_desc_t d, int64_t st0) {
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += (int64_t)gridDim.x * blockDim.x) {
+        if (nb <= 0) {
+            ro[r] = r * st0;
+            continue;
+        }
+        int64_t rem = r, o = 0;
+        for (int i = nb - 1; i >= 0; i--) {
+            o += (rem % d.shape[i]) * d.st[i];
+            rem /= d.shape[i];
+        }
+        ro[r] = o;
+    }
+}
+
+typedef struct {
+    int64_t lo, hi; /* byte extent [lo, hi) of a tensor's elements, hi == lo when empty */
+} opgen_extent_t;
+
+static opgen_extent_t extent_of(const opgen_tensor_t *t, size_t itemsize, const int64_t *strides) {
+    opgen_extent_t e = {(int64_t)(intptr_t)t->data, (int64_t)(intptr_t)t->data};
+    int64_t lo = 0, hi = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0) return e;
+        int64_t span = (t->shape[i] - 1) * strides[i];
+        if (span < 0) lo += span; else hi += span;
+    }
+    e.lo += lo * (int64_t)itemsize;
+    e.hi += (hi + 1) * (int64_t)itemsize;
+    return e;
+}
+
+static const size_t opgen_itemsize[OPGEN_DTYPE_COUNT] = { 1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8, };
+
+opgen_status_t opgen_cuda_run(const opgen_op_t *op, const opgen_tensor_t *const *tensors,
+                         const opgen_scalar_t *scalars, void *ws, size_t ws_size,
+                         size_t *ws_needed, int validate_only, void *stream) {
+    int64_t dims[OPGEN_MAX_DIMS];
+    int dim_bound[OPGEN_MAX_DIMS] = {0};
+    int dtypes[OPGEN_MAX_VARS];
+    int64_t bshape_rank[OPGEN_MAX_DIMS];
+    const int64_t *bshape[OPGEN_MAX_DIMS];
+    int64_t strides_buf[OPGEN_MAX_PARAMS][OPGEN_MAX_RANK];
+    opgen_buf_t bufs[OPGEN_MAX_PARAMS];
+    int n_batch_rows[OPGEN_MAX_PARAMS]; /* params whose rows need an offset table: their nb */
+    uint32_t present = 0;
+    int opt_k = 0;
+    opgen_err[0] = 0;
+    for (int v = 0; v < OPGEN_MAX_VARS; v++) dtypes[v] = -1;
+    for (int d = 0; d < OPGEN_MAX_DIMS; d++) bshape_rank[d] = -1;
+    memset(bufs, 0, sizeof bufs);
+
+    for (int k = 0; k < op->n_params; k++) {
+        const opgen_param_t *p = &op->params[k];
+        n_batch_rows[k] = 0;
+        if (p->kind == OPGEN_P_SIZE) {
+            int64_t v = scalars[k].i;
+            if (v < 0) return opgen_fail(OPGEN_ERR_PARAM, "%s: %s must be >= 0", op->name, p->name);
+            if (dim_bound[p->size_dim] && dims[p->size_dim] != v)
+                return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s=%lld disagrees with dim %s=%lld", op->name,
+                                  p->name, (long long)v, op->dim_names[p->size_dim],
+                                  (long long)dims[p->size_dim]);
+            dims[p->size_dim] = v;
+            dim_bound[p->size_dim] = 1;
+            continue;
+        }
+        if (p->kind != OPGEN_P_TENSOR) continue;
+        const opgen_tensor_t *t = tensors[k];
+        if (p->optional) {
+            if (t) present |= 1u << opt_k;
+            opt_k++;
+        }
+        if (!t) {
+            if (p->optional) continue;
+            return opgen_fail(OPGEN_ERR_NULL, "%s: %s is required", op->name, p->name);
+        }
+        if ((int)t->dtype < 0 || t->dtype >= OPGEN_DTYPE_COUNT || !(p->dtype_mask >> t->dtype & 1u))
+            return opgen_fail(OPGEN_ERR_DTYPE, "%s: %s has an unsupported dtype", op->name, p->name);
+        if (p->dtype_var >= 0) {
+            if (dtypes[p->dtype_var] < 0) dtypes[p->dtype_var] = (int)t->dtype;
+            else if (dtypes[p->dtype_var] != (int)t->dtype)
+                return opgen_fail(OPGEN_ERR_DTYPE, "%s: %s's dtype differs from another tensor of the same type",
+                                  op->name, p->name);
+        }
+        int nb = 1;  /* physical axes of logical dim 0 */
+        if (p->batch) {
+            nb = t->ndim - (p->rank - 1);
+            if (nb < p->batch_min || nb > p->batch_max)
+                return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s has rank %d", op->name, p->name, t->ndim);
+        } else if (t->ndim != p->rank) {
+            return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s must have rank %d, got %d", op->name, p->name,
+                              p->rank, t->ndim);
+        }
+        if (t->ndim > OPGEN_MAX_RANK || (t->ndim > 0 && !t->shape))
+            return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s has a bad shape", op->name, p->name);
+        /* strides: given or contiguous */
+        int64_t *st = strides_buf[k];
+        int64_t numel = 1;
+        for (int i = t->ndim - 1; i >= 0; i--) {
+            if (t->shape[i] < 0) return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s has a negative dim", op->name, p->name);
+            st[i] = t->strides ? t->strides[i] : numel;
+            numel *= t->shape[i];
+        }
+        /* an empty tensor's strides mean nothing (numpy gives them as 0): no stride rules */
+        if (p->last_contig && t->ndim > 0 && numel > 0 && t->shape[t->ndim - 1] > 1 && st[t->ndim - 1] != 1)
+            return opgen_fail(OPGEN_ERR_STRIDES, "%s: %s's last dim must be contiguous", op->name, p->name);
+        if (p->is_output && numel > 0) {
+            for (int i = 0; i < t->ndim; i++)
+                if (st[i] == 0 && t->shape[i] > 1)
+                    return opgen_fail(OPGEN_ERR_STRIDES, "%s: output %s has a broadcast (0) stride",
+                                      op->name, p->name);
+        }
+        if (!t->data && numel > 0 && !validate_only)
+            return opgen_fail(OPGEN_ERR_NULL, "%s: %s has no data", op->name, p->name);
+        /* dims */
+        int64_t rows = 1;
+        if (p->batch) {
+            for (int i = 0; i < nb; i++) rows *= t->shape[i];
+            int d = p->dims[0];
+            if (bshape_rank[d] < 0) {
+                bshape_rank[d] = nb;
+                bshape[d] = t->shape;
+            } else {
+                int same = bshape_rank[d] == nb;
+                for (int i = 0; same && i < nb; i++) same = bshape[d][i] == t->shape[i];
+                if (!same)
+                    return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s's leading shape differs from another tensor's",
+                                      op->name, p->name);
+            }
+        }
+        for (int i = 0; i < p->rank; i++) {
+            int64_t size = (p->batch && i == 0) ? rows : t->shape[i + nb - 1];
+            int d = p->dims[i];
+            if (d < 0) {
+                if (size != p->lit[i])
+                    return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s dim %d must be %lld", op->name, p->name, i,
+                                      (long long)p->lit[i]);
+            } else if (dim_bound[d] && dims[d] != size) {
+                return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s dim %d is %lld but %s is %lld", op->name, p->name,
+                                  i, (long long)size, op->dim_names[d], (long long)dims[d]);
+            } else {
+                dims[d] = size;
+                dim_bound[d] = 1;
+            }
+        }
+        /* logical strides; try to coalesce the batch axes into one stride */
+        bufs[k].data = t->data;
+        /* the batch axes coalesce when each non-unit axis steps over the next non-unit one */
+        int coalesced = 1, last = -1;
+        int64_t s0 = 0;
+        for (int i = 0; i < nb; i++) {
+            if (t->shape[i] == 1) continue;
+            if (last >= 0 && st[last] != st[i] * t->shape[i]) coalesced = 0;
+            last = i;
+            s0 = st[i];
+        }
+        if (p->rank > 0) bufs[k].st[0] = coalesced ? s0 : 0;
+        for (int i = 1; i < p->rank; i++) bufs[k].st[i] = st[i + nb - 1];
+        /* a Batch dim always gets a row-offset table (kernels index rows through it without a
+           branch); coalesced layouts fill it with a single stride */
+        if (p->batch) n_batch_rows[k] = coalesced ? -1 : nb;
+    }
+    /* every present tensor and size bound its dims: a dim still unbound belongs only to absent
+       optional tensors (e.g. N2 of an absent second table), which this variant never touches */
+    for (int d = 0; d < op->n_dims; d++)
+        if (!dim_bound[d]) dims[d] = 0;
+    /* outputs must not overlap inputs (unless declared as may-alias and identical) */
+    for (int k = 0; k < op->n_params && !validate_only; k++) {
+        const opgen_param_t *p = &op->params[k];
+        if (p->kind != OPGEN_P_TENSOR || !p->is_output || !tensors[k]) continue;
+        opgen_extent_t eo = extent_of(tensors[k], opgen_itemsize[tensors[k]->dtype], strides_buf[k]);
+        for (int j = 0; j < op->n_params; j++) {
+            if (j == k || op->params[j].kind != OPGEN_P_TENSOR || !tensors[j]) continue;
+            opgen_extent_t ei = extent_of(tensors[j], opgen_itemsize[tensors[j]->dtype], strides_buf[j]);
+            if (eo.hi <= ei.lo || ei.hi <= eo.lo || eo.hi == eo.lo || ei.hi == ei.lo) continue;
+            int ok = 0;
+            for (int a = 0; a < op->n_alias; a++)
+                if (op->alias[a][0] == k && op->alias[a][1] == j && tensors[j]->data == tensors[k]->data &&
+                    !memcmp(strides_buf[j], strides_buf[k], sizeof(int64_t) * (size_t)tensors[k]->ndim))
+                    ok = 1;
+            if (!ok)
+                return opgen_fail(OPGEN_ERR_PARAM, "%s: output %s overlaps %s", op->name, p->name,
+                                  op->params[j].name);
+        }
+    }
+    /* variant and kernel */
+    const opgen_variant_t *var = NULL;
+    for (int v = 0; v < op->n_variants; v++)
+        if (op->variants[v].present == present) var = &op->variants[v];
+    if (!var) return opgen_fail(OPGEN_ERR_INTERNAL, "%s: no variant for these optional tensors", op->name);
+    if (var->rejected != OPGEN_SUCCESS) return opgen_fail(var->rejected, "%s: %s", op->name, var->message);
+    const opgen_kernel_entry_t *ke = NULL;
+    for (int i = 0; i < var->n_kernels && !ke; i++) {
+        int match = 1;
+        for (int v = 0; v < op->n_vars; v++) match &= var->kernels[i].dtypes[v] == dtypes[v];
+        if (match) ke = &var->kernels[i];
+    }
+    if (!ke) return opgen_fail(OPGEN_ERR_DTYPE, "%s: no kernel for this dtype combination", op->name);
+    /* workspace: kernel temporaries, then row-offset tables */
+    size_t need = opgen_align(ke->ws(dims));
+    for (int k = 0; k < op->n_params; k++)
+        if (n_batch_rows[k]) need += opgen_align(sizeof(int64_t) * (size_t)dims[op->params[k].dims[0]]);
+    opgen_status_t pre = ke->pre(bufs, dims, scalars);
+    if (pre != OPGEN_SUCCESS) return pre;
+    if (ws_needed) *ws_needed = need;
+    if (validate_only) return OPGEN_SUCCESS;
+    cudaStream_t s = (cudaStream_t)stream;
+    void *own = NULL;
+    if (!ws && ws_size == 0 && need > 0) {
+        if (cudaMallocAsync(&own, need, s) != cudaSuccess) {
+            cudaError_t e = cudaGetLastError();
+            return opgen_fail(OPGEN_ERR_ALLOC, "%s: cannot allocate %zu bytes of device workspace (%s)", op->name,
+                              need, cudaGetErrorString(e));
+        }
+        ws = own;
+        ws_size = need;
+    }
+    if (ws_size < need) {
+        return opgen_fail(OPGEN_ERR_WORKSPACE, "%s: workspace of %zu bytes, %zu needed", op->name, ws_size, need);
+    }
+    char *w = (char *)ws;
+    size_t off = opgen_align(ke->ws(dims));
+    /* the call's status word: kernels of this call stop once a device-side check fails */
+    cudaMemsetAsync(w, 0, sizeof(unsigned int), s);
+    for (int k = 0; k < op->n_params; k++) {
+        int nb = n_batch_rows[k];
+        if (!nb) continue;
+        const opgen_tensor_t *t = tensors[k];
+        int64_t *ro = (int64_t *)(w + off);
+        int64_t rows = dims[op->params[k].dims[0]];
+        opgen_rows_desc_t d;
+        memset(&d, 0, sizeof d);
+        for (int i = 0; i < nb; i++) {
+            d.shape[i] = t->shape[i];
+            d.st[i] = strides_buf[k][i];
+        }
+        if (rows > 0)
+            opgen_rows_k<<<(unsigned)opgen_cuda_grid((rows + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0),
+                           OPGEN_CUDA_THREADS, 0, s>>>(ro, rows, nb < 0 ? 0 : nb, d, bufs[k].st[0]);
+        bufs[k].ro = ro;
+        off += opgen_align(sizeof(int64_t) * (size_t)rows);
+    }
+    opgen_status_t st = opgen_cuda_launched(op->name);
+    if (st == OPGEN_SUCCESS) st = ke->fn(bufs, dims, scalars, w, s);
+    if (own) cudaFreeAsync(own, s);
+    return st;
+}

@@ -1,0 +1,212 @@
+/* opgen_cuda_rt.cuh — internal runtime shared by the generated CUDA kernels (not installed). Generated. */
+#ifndef OPGEN_CUDA_RT_CUH
+#define OPGEN_CUDA_RT_CUH
+
+#include "opgen_cuda.h"
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define OPGEN_MAX_RANK 8
+#define OPGEN_MAX_PARAMS 24
+#define OPGEN_MAX_DIMS 16
+#define OPGEN_MAX_VARS 8
+
+/* A bound buffer as a kernel sees it: logical strides (elements); `ro`, when not NULL, holds
+ * the element offset of each row of a Batch dim spread over several physical axes. */
+typedef struct {
+    void *data;
+    int64_t st[OPGEN_MAX_RANK];
+    const int64_t *ro;
+} opgen_buf_t;
+
+typedef union {
+    float f;
+    int64_t i;
+    bool b;
+} opgen_scalar_t;
+
+typedef opgen_status_t (*opgen_kernel_fn)(const opgen_buf_t *bufs, const int64_t *dims,
+                                          const opgen_scalar_t *sc, char *ws, cudaStream_t stream);
+typedef size_t (*opgen_ws_fn)(const int64_t *dims);
+typedef opgen_status_t (*opgen_pre_fn)(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc);
+
+enum { OPGEN_P_TENSOR = 0, OPGEN_P_F32 = 1, OPGEN_P_I64 = 2, OPGEN_P_BOOL = 3, OPGEN_P_SIZE = 4 };
+
+typedef struct {
+    const char *name;
+    uint8_t kind, is_output, optional, last_contig, batch;
+    int8_t dtype_var;       /* -1: fixed dtype (only one bit set in dtype_mask) */
+    uint32_t dtype_mask;    /* allowed opgen_dtype_t values */
+    int8_t rank;            /* logical rank (a Batch dim counts once) */
+    int8_t dims[OPGEN_MAX_RANK]; /* dim id, or -1 for a literal size in lit[] */
+    int64_t lit[OPGEN_MAX_RANK];
+    int8_t batch_min, batch_max;
+    int8_t size_dim;        /* OPGEN_P_SIZE: the dim it gives */
+} opgen_param_t;
+
+typedef struct {
+    uint8_t dtypes[OPGEN_MAX_VARS];
+    opgen_kernel_fn fn;
+    opgen_ws_fn ws;
+    opgen_pre_fn pre;  /* the op's run-time checks on scalars and sizes (no data read) */
+} opgen_kernel_entry_t;
+
+typedef struct {
+    uint32_t present;       /* bit k: k-th optional parameter given */
+    opgen_status_t rejected;  /* != SUCCESS: this combination is refused with this status */
+    const char *message;
+    int n_kernels;
+    const opgen_kernel_entry_t *kernels;
+} opgen_variant_t;
+
+typedef struct {
+    const char *name;
+    int n_params, n_dims, n_vars, n_variants, n_alias;
+    const opgen_param_t *params;
+    const char *const *dim_names;
+    const opgen_variant_t *variants;
+    const int8_t (*alias)[2]; /* (output param, input param) pairs that may share memory */
+} opgen_op_t;
+
+/* Threads per block of every generated kernel. A compile-time constant: each block reduction
+ * combines exactly this many partials in one fixed tree, so results never depend on timing. */
+#define OPGEN_CUDA_THREADS 256
+/* Workspace regions (temporaries, per-block scratch, segment buffers) of one kernel instance. */
+#define OPGEN_CUDA_MAX_WS 32
+
+/* Everything a generated kernel reads, passed by value (it lives in the kernel's parameter
+ * space): the bound buffers, dims, scalar parameters, workspace regions and status words. */
+typedef struct {
+    opgen_buf_t bufs[OPGEN_MAX_PARAMS];
+    int64_t dims[OPGEN_MAX_DIMS];
+    opgen_scalar_t sc[OPGEN_MAX_PARAMS];
+    char *wsp[OPGEN_CUDA_MAX_WS];
+    unsigned int *err;    /* this call's status word (workspace offset 0): nonzero = stop */
+    unsigned int *sticky; /* the device's sticky status word (opgen_cuda_device_status), or NULL */
+} opgen_cuda_args_t;
+
+/* ---- host side (opgen_cuda_rt.cu) ---- */
+opgen_status_t opgen_cuda_run(const opgen_op_t *op, const opgen_tensor_t *const *tensors,
+                              const opgen_scalar_t *scalars, void *ws, size_t ws_size,
+                              size_t *ws_needed, int validate_only, void *stream);
+opgen_status_t opgen_fail(opgen_status_t st, const char *fmt, ...);
+/* Blocks of a grid-stride launch over `iters` iterations (0 when there is nothing to do); with
+ * per-block scratch of `scratch` bytes the grid is capped so that scratch stays bounded. The
+ * result only depends on the arguments and the device's SM count. */
+int64_t opgen_cuda_grid(int64_t iters, size_t scratch);
+/* Device address of the sticky status word of the current device (NULL if unavailable). */
+unsigned int *opgen_cuda_sticky(void);
+/* Stable counting sort of n indices in [0, rows) on the device (see sched.segments): start
+ * (rows + 1) and order (n). keys/vals are n-element scratch; tmp of opgen_cuda_segments_tmp()
+ * bytes is the radix sort's scratch. Deterministic: a stable sort has one result. */
+size_t opgen_cuda_segments_tmp(int64_t n, int64_t rows);
+opgen_status_t opgen_cuda_segments(const int64_t *idx, int64_t n, int64_t rows, int64_t *start, int64_t *order,
+                                   int64_t *keys, int64_t *vals, void *tmp, size_t tmp_bytes,
+                                   cudaStream_t stream);
+/* OPGEN_SUCCESS, or OPGEN_ERR_INTERNAL with the CUDA error of the last launch. */
+opgen_status_t opgen_cuda_launched(const char *what);
+
+static inline __host__ __device__ size_t opgen_align(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* ---- device side ---- */
+/* f16 / bf16 <-> f32 with round-to-nearest-even (NaN stays NaN), as the CPU runtime. */
+static __device__ __forceinline__ float opgen_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+static __device__ __forceinline__ uint16_t opgen_f32_to_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static __device__ __forceinline__ float opgen_f16_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+static __device__ __forceinline__ uint16_t opgen_f32_to_f16(float f) { return __half_as_ushort(__float2half_rn(f)); }
+/* float -> integer: truncation toward zero; NaN or out of range gives the type's minimum
+ * (for signed types, so it fails any index range check) or maximum (unsigned). */
+#define OPGEN_F2I(T, x, lo, hi, bad) \
+    ((x) == (x) && (double)(x) > (double)(lo) - 1.0 && (double)(x) < (double)(hi) + 1.0 ? (T)(x) : (T)(bad))
+
+/* A failed run-time check on the device (an index out of range): record the status for this
+ * call (every later kernel of the call then returns at once: nothing more is written) and in the
+ * device's sticky word. Integer atomics: the recorded value does not depend on timing. */
+static __device__ __forceinline__ void opgen_dev_fail(unsigned int *err, unsigned int *sticky, unsigned int code) {
+    atomicCAS(err, 0u, code);
+    if (sticky) atomicCAS(sticky, 0u, code);
+}
+
+/* Combining two partials of a sum (0), max (1) or min (2); max/min propagate NaN like the CPU. */
+template <int K, typename T>
+static __device__ __forceinline__ T opgen_combine(T a, T b) {
+    if (K == 0) return a + b;
+    if (K == 1) return (b > a || b != b) ? b : a;
+    return (b < a || b != b) ? b : a;
+}
+
+/* Block-wide reduction of one partial per thread in a fixed tree (warp shuffles, then the warp
+ * results in shared memory). Every thread gets the result. All threads must call it. */
+template <int K, typename T>
+static __device__ T opgen_block_reduce(T v) {
+    __shared__ T part[OPGEN_CUDA_THREADS / 32];
+    const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+    for (int o = 16; o > 0; o >>= 1) v = opgen_combine<K, T>(v, __shfl_down_sync(0xffffffffu, v, o));
+    __syncthreads(); /* the previous call's readers of part[0] are done */
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = part[lane < OPGEN_CUDA_THREADS / 32 ? lane : 0];
+        for (int o = OPGEN_CUDA_THREADS / 64; o > 0; o >>= 1)
+            v = opgen_combine<K, T>(v, __shfl_down_sync(0xffffffffu, v, o));
+        if (lane == 0) part[0] = v;
+    }
+    __syncthreads();
+    return part[0];
+}
+
+/* C[m x n] (= or +=) op(A) @ op(B) by the whole block: element (i, k) of op(A) is
+ * A[i * ars + k * acs], (k, j) of op(B) is B[k * brs + j * bcs]; C row-major with leading
+ * dimension ldc. 64 x 64 tiles of C, 4 x 4 per thread; each element sums k in increasing order
+ * (deterministic). All threads must call it; it ends with a barrier. */
+#define OPGEN_GEMM_BM 64
+#define OPGEN_GEMM_BN 64
+#define OPGEN_GEMM_BK 16
+template <typename T>
+static __device__ __noinline__ void opgen_block_gemm(int64_t m, int64_t n, int64_t k, const T *A, int64_t ars, int64_t acs,
+                                        const T *B, int64_t brs, int64_t bcs, T *C, int64_t ldc, int accumulate) {
+    __shared__ T As[OPGEN_GEMM_BK][OPGEN_GEMM_BM + 1];
+    __shared__ T Bs[OPGEN_GEMM_BK][OPGEN_GEMM_BN + 1];
+    const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
+    for (int64_t i0 = 0; i0 < m; i0 += OPGEN_GEMM_BM) {
+        for (int64_t j0 = 0; j0 < n; j0 += OPGEN_GEMM_BN) {
+            T acc[4][4];
+            for (int a = 0; a < 4; a++)
+                for (int b = 0; b < 4; b++) acc[a][b] = (T)0;
+            for (int64_t k0 = 0; k0 < k; k0 += OPGEN_GEMM_BK) {
+                __syncthreads();
+                for (int e = tid; e < OPGEN_GEMM_BM * OPGEN_GEMM_BK; e += OPGEN_CUDA_THREADS) {
+                    const int r = e / OPGEN_GEMM_BK, q = e % OPGEN_GEMM_BK;
+                    As[q][r] = (i0 + r < m && k0 + q < k) ? A[(i0 + r) * ars + (k0 + q) * acs] : (T)0;
+                }
+                for (int e = tid; e < OPGEN_GEMM_BK * OPGEN_GEMM_BN; e += OPGEN_CUDA_THREADS) {
+                    const int q = e / OPGEN_GEMM_BN, c = e % OPGEN_GEMM_BN;
+                    Bs[q][c] = (k0 + q < k && j0 + c < n) ? B[(k0 + q) * brs + (j0 + c) * bcs] : (T)0;
+                }
+                __syncthreads();
+                const int kc = (int)(k - k0 < OPGEN_GEMM_BK ? k - k0 : OPGEN_GEMM_BK);
+                for (int q = 0; q < kc; q++)
+                    for (int a = 0; a < 4; a++)
+                        for (int b = 0; b < 4; b++) acc[a][b] += As[q][ty * 4 + a] * Bs[q][tx * 4 + b];
+            }
+            for (int a = 0; a < 4; a++) {
+                const int64_t i = i0 + ty * 4 + a;
+                for (int b = 0; b < 4; b++) {
+                    const int64_t j = j0 + tx * 4 + b;
+                    if (i < m && j < n) C[i * ldc + j] = accumulate ? C[i * ldc + j] + acc[a][b] : acc[a][b];
+                }
+            }
+        }
+    }
+    __syncthreads();
+}
+
+#endif /* OPGEN_CUDA_RT_CUH */

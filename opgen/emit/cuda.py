@@ -1,0 +1,1004 @@
+"""The CUDA target: ``__global__`` kernels plus host launchers behind the plain C ABI.
+
+A small subclass of the C-family printer (scalar expressions, loads/stores with bf16/f16
+conversions, addressing are inherited) that maps ``sched`` loops onto the GPU. First increment:
+simple, correct by construction, deterministic; performance comes later.
+
+Mapping (one kernel instance = one variant x dtype binding):
+
+* The kernel's top-level statements are split into *steps*: host checks (``sched.require`` whose
+  condition only needs dims and scalars: checked on the host before anything is launched, so
+  the status returns synchronously and nothing is written), zero-filled temporaries
+  (``cudaMemsetAsync``), ``sched.segments`` (a stable radix sort on the device, in the runtime),
+  top-level ``sched.matmul`` (a grid-stride kernel, one output element per thread), and device
+  groups: maximal runs of the other statements, each one ``__global__`` kernel launched on the
+  caller's stream. Kernels of one call run in stream order; every kernel first reads the call's
+  status word and returns at once when an earlier kernel failed a device-side check.
+* A device group that is one ``parallel`` loop whose body holds work for a whole block (an inner
+  parallel or reduce loop, a matmul, a scratch buffer) maps its iterations to blocks (a
+  grid-stride loop over ``blockIdx.x``). Inside a block, code runs *uniformly* (every thread
+  executes it with the same values) except:
+    - an inner ``parallel`` loop (perfect nests with loop-invariant bounds are collapsed into one)
+      whose body needs no block cooperation is strided over ``threadIdx.x``;
+    - a ``reduce`` loop accumulating into scalars is a block reduction: thread t sums iterations
+      t, t + T, t + 2T, ... in order, then the T partials are combined in a fixed tree
+      (``opgen_block_reduce``); T = ``OPGEN_CUDA_THREADS`` is a compile-time constant, so the
+      result never depends on timing or on the grid size;
+    - ``sched.matmul`` on scratch buffers is a block-cooperative tiled GEMM (fixed k order);
+    - stores/accumulations into memory in uniform code are done by thread 0.
+  ``serial`` loops and loops that cannot be distributed run uniformly, in order. Scalars are
+  computed redundantly by every thread (identical instructions, identical values). Barriers are
+  placed around every step that touches per-block scratch or temporaries.
+* A device group that is one ``parallel`` loop with scalar work only, or a ``serial`` loop whose
+  iterations are provably independent (stores indexed by the loop variable, integer counts),
+  maps one iteration per thread over the whole grid. Integer accumulations at data-dependent
+  indices (counts) use integer atomics — exact and order-independent; floating-point atomics are
+  never emitted (the printer raises instead).
+* Anything else becomes a single-block kernel running the group uniformly (always correct).
+* Per-iteration ``local`` buffers with a shape live in per-block slices of the workspace; scalar
+  locals are registers. The workspace layout (status word, temporaries, scratch sized by the
+  grid, segment buffers) is computed by one host function used both for sizing and launching.
+* A ``sched.require`` that must run on the device (index range checks) never lets a bad index be
+  used: the failing thread records ``OPGEN_ERR_INDEX`` (integer atomicCAS) and skips the rest of
+  its iteration; every later kernel of the call returns immediately, so the call writes nothing
+  (see opgen_cuda.h). No out-of-bounds access happens.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from xdsl.ir import BlockArgument, Operation, SSAValue
+
+from opgen import dtypes
+from opgen.dsl.opdef import OpDef
+from opgen.dsl.spec import Batch, TensorSpec
+from opgen.emit import cpu
+from opgen.emit.c_family import BufInfo, CPrinter
+from opgen.ir import dialect as ir
+from opgen.lower import sched as s
+from opgen.lower.to_loops import LowerToLoops
+from opgen.passes import pipeline
+
+THREADS = 256  # must equal OPGEN_CUDA_THREADS in templates/cuda/opgen_cuda_rt.cuh.j2
+MAX_WS = 32  # OPGEN_CUDA_MAX_WS
+STATUS = {"index": "OPGEN_ERR_INDEX", "param": "OPGEN_ERR_PARAM", "shape": "OPGEN_ERR_SHAPE"}
+REDUCE_KIND = {"sum": 0, "max": 1, "min": 2}
+SHUFFLE_TYPES = ("float", "double", "int32_t", "uint32_t", "int64_t", "uint64_t")
+ATOMIC_TYPES = {"int32_t": "int", "uint32_t": "unsigned int", "int64_t": "unsigned long long",
+                "uint64_t": "unsigned long long"}
+
+
+class CudaUnsupported(NotImplementedError):
+    """The CUDA printer met a loop structure it cannot map safely (never silently wrong)."""
+
+
+def _pure(op: Operation) -> bool:
+    """A scalar computation (no side effect): its result is a rank-0 value."""
+    return bool(op.results) and isinstance(op.results[0].type, ir.TensorType)
+
+
+def _nested(op: Operation) -> Iterator[Operation]:
+    """Every operation inside ``op``'s regions (not ``op`` itself)."""
+    for r in op.regions:
+        for b in r.blocks:
+            for o in b.ops:
+                yield o
+                yield from _nested(o)
+
+
+def _inside(op: Operation | None, anc: Operation) -> bool:
+    while op is not None:
+        if op is anc:
+            return True
+        op = op.parent_op()
+    return False
+
+
+def _used(decls: list[tuple[str, str]], body: list[str]) -> list[str]:
+    """The declarations whose name ``body`` mentions."""
+    code = re.sub(r"/\*.*?\*/", " ", "\n".join(body), flags=re.S)
+    code = re.sub(r'"(?:[^"\\]|\\.)*"', " ", code)
+    words = set(re.findall(r"(?<![.\w])[A-Za-z_]\w*", code))
+    return [d for n, d in decls if n in words]
+
+
+def _register(buf: SSAValue) -> bool:
+    t = s.buf_type(buf)
+    return t.rank == 0 and t.role.data == "local"
+
+
+@dataclass
+class Region:
+    """A workspace region: ``kind`` temp (count elements), scratch (count elements per block of
+    kernel ``kid``), or cub (radix-sort scratch for ``n`` indices into ``rows`` rows)."""
+
+    ctype: str
+    count: str
+    kind: str
+    kid: int = -1
+    rows: SSAValue | None = None
+
+
+@dataclass
+class Group:
+    ops: list[Operation]
+    kid: int
+    mode: str = "single"  # single | block | flat
+    loop: s.ForOp | None = None
+
+
+class CudaPrinter(CPrinter):
+    """Prints one kernel instance: its ``__global__`` kernels, workspace layout and launcher."""
+
+    restrict = "__restrict__"
+
+    def __init__(self, kernel: s.KernelOp, binding: dict[str, dtypes.DType], fn_name: str,
+                 buf_info: dict[str, BufInfo], dim_ids: dict[str, int], param_index: dict[str, int],
+                 no_restrict: Iterable[str] = ()):
+        super().__init__(kernel, binding, fn_name, buf_info, dim_ids, param_index)
+        self.no_restrict = set(no_restrict)
+        self.ctx = "uniform"  # uniform (whole block) | thread (one thread) | flat (grid-strided thread)
+        self.owned: tuple[SSAValue, ...] = ()  # loop variables identifying this thread's iteration
+        self.private: set[SSAValue] = set()  # scalar locals allocated in the current thread context
+        self.regions: list[Region] = []
+        self.region_of: dict[SSAValue, int] = {}
+        self.group: Group | None = None
+        self.top = list(kernel.body.block.ops)
+        self.order = {op: i for i, op in enumerate(self.top)}
+        self.arg_names: dict[SSAValue, str] = {}
+        for n, a in zip((x.data for x in kernel.arg_names.data), kernel.body.block.args, strict=True):
+            self.arg_names[a] = n
+        self.names = dict(self.arg_names)
+
+    # ------------------------------------------------------------------ helpers
+    def sync(self) -> None:
+        assert self.ctx == "uniform"
+        if self.lines and self.lines[-1].strip() == "__syncthreads();":
+            return
+        self.line("__syncthreads();")
+
+    def add_region(self, r: Region) -> int:
+        self.regions.append(r)
+        if len(self.regions) > MAX_WS:
+            raise CudaUnsupported(f"{self.fn_name}: more than {MAX_WS} workspace regions")
+        return len(self.regions) - 1
+
+    def count_expr(self, b: s.BufType) -> str:
+        return " * ".join(f"(size_t){self.dim(d)}" for d in b.shape) or "1"
+
+    def top_level(self, v: SSAValue) -> Operation | None:
+        """The top-level pure op defining ``v`` (None for block arguments and nested values)."""
+        op = v.owner
+        if isinstance(op, Operation) and op.parent_op() is self.k and _pure(op):
+            return op
+        return None
+
+    def host_ok(self, v: SSAValue, scalars: bool = True) -> bool:
+        """``v`` can be computed on the host (from dims, constants and, if allowed, scalar args)."""
+        if isinstance(v, BlockArgument):
+            return scalars and v.owner is self.k.body.block and isinstance(v.type, ir.TensorType)
+        op = self.top_level(v)
+        if op is None or isinstance(op, s.LoadOp | s.LoadBitOp):
+            return False
+        if isinstance(op, ir.ConstantOp | ir.DimOp | s.FlagsOp):
+            return True
+        return all(self.host_ok(o, scalars) for o in op.operands)
+
+    def needed(self, roots: Iterable[SSAValue]) -> list[Operation]:
+        """Top-level pure ops ``roots`` depend on, in program order."""
+        seen: set[Operation] = set()
+        todo = list(roots)
+        while todo:
+            v = todo.pop()
+            op = self.top_level(v)
+            if op is None or op in seen:
+                continue
+            seen.add(op)
+            if not isinstance(op, s.FlagsOp):
+                todo.extend(op.operands)
+        return sorted(seen, key=lambda o: self.order[o])
+
+    def operands_of(self, ops: Iterable[Operation]) -> list[SSAValue]:
+        out: list[SSAValue] = []
+        for op in ops:
+            for o in (op, *_nested(op)):
+                out.extend(o.operands)
+        return out
+
+    def define_ops(self, ops: Iterable[Operation]) -> None:
+        for op in ops:
+            self.define(op.results[0], self.scalar_expr(op))
+
+    # ------------------------------------------------------------------ analysis
+    def needs_block(self, loop: s.ForOp) -> bool:
+        for o in _nested(loop):
+            if isinstance(o, s.ForOp) and o.kind.data in ("parallel", "reduce"):
+                return True
+            if isinstance(o, s.MatmulOp):
+                return True
+            if isinstance(o, s.AllocOp) and not _register(o.result):
+                return True
+        return False
+
+    def atomic_ok(self, op: s.AccumOp) -> bool:
+        return op.kind.data == "sum" and self.storage_ctype(s.buf_type(op.buf)) in ATOMIC_TYPES
+
+    def independent(self, loop: s.ForOp) -> bool:
+        """Iterations of a ``serial`` loop touch disjoint memory (or only count atomically)."""
+        iv = loop.iv
+        owned: set[SSAValue] = set()
+        atomic: set[SSAValue] = set()
+        for o in _nested(loop):
+            if isinstance(o, s.MatmulOp | s.SegmentsOp):
+                return False
+            if isinstance(o, s.AllocOp) and not _register(o.result):
+                return False
+            if isinstance(o, s.StoreOp | s.AccumOp):
+                if _register(o.buf):
+                    if not _inside(o.buf.owner, loop):  # type: ignore[arg-type]
+                        return False
+                elif iv in o.idx:
+                    owned.add(o.buf)
+                elif isinstance(o, s.AccumOp) and self.atomic_ok(o):
+                    atomic.add(o.buf)
+                else:
+                    return False
+        for o in _nested(loop):
+            if isinstance(o, s.LoadOp | s.LoadBitOp):
+                idx = list(o.idx) if isinstance(o, s.LoadOp) else [o.i]
+                if o.buf in atomic or (o.buf in owned and iv not in idx):
+                    return False
+        return not (owned & atomic)
+
+    def thread_mappable(self, loop: s.ForOp) -> bool:
+        """The loop's iterations can be spread over the block's threads as they are."""
+        for o in _nested(loop):
+            if isinstance(o, s.MatmulOp | s.SegmentsOp):
+                return False
+            if isinstance(o, s.AllocOp) and not _register(o.result):
+                return False
+            if isinstance(o, s.StoreOp | s.AccumOp) and _register(o.buf) \
+                    and not _inside(o.buf.owner, loop):  # type: ignore[arg-type]
+                return False
+        return True
+
+    def block_reducible(self, loop: s.ForOp) -> list[s.AccumOp] | None:
+        """The scalar accumulations of a reduce loop that can become block reductions."""
+        accs: list[s.AccumOp] = []
+        kinds: dict[SSAValue, str] = {}
+        for o in loop.body.block.ops:
+            if isinstance(o, s.ForOp | s.MatmulOp | s.SegmentsOp | s.AllocOp | s.FailOp | s.StoreOp):
+                return None
+            if isinstance(o, s.AccumOp):
+                if not _register(o.buf) or _inside(o.buf.owner, loop):  # type: ignore[arg-type]
+                    return None
+                if self.storage_ctype(s.buf_type(o.buf)) not in SHUFFLE_TYPES:
+                    return None
+                if kinds.setdefault(o.buf, o.kind.data) != o.kind.data:
+                    return None
+                accs.append(o)
+        return accs or None
+
+    def collapse(self, loop: s.ForOp) -> list[s.ForOp]:
+        """A perfect nest of parallel loops (scalar code between them allowed) whose inner bounds
+        are defined outside the nest: spread over the threads as one flat iteration space."""
+        chain = [loop]
+        while True:
+            ops = list(chain[-1].body.block.ops)
+            if not ops or not isinstance(ops[-1], s.ForOp) or ops[-1].kind.data != "parallel":
+                break
+            inner = ops[-1]
+            if not all(_pure(o) for o in ops[:-1]):
+                break
+            if any(_inside(v.owner if isinstance(v.owner, Operation) else v.owner.parent_op(), loop)
+                   for v in (inner.lo, inner.hi)):
+                break
+            chain.append(inner)
+        if len(chain) > 1:  # the scalar code between the loops now runs once per element: it must
+            _, writes = self.accessed(chain[-1])  # not read what the inner iterations write
+            for lp in chain[:-1]:
+                for o in list(lp.body.block.ops)[:-1]:
+                    if isinstance(o, s.LoadOp | s.LoadBitOp) and o.buf in writes:
+                        return [loop]
+        return chain
+
+    def accessed(self, loop: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
+        """Buffers read and written (non-register) inside ``loop``."""
+        reads: set[SSAValue] = set()
+        writes: set[SSAValue] = set()
+        for o in (loop, *_nested(loop)):
+            if isinstance(o, s.LoadOp | s.LoadBitOp) and not _register(o.buf):
+                reads.add(o.buf)
+            elif isinstance(o, s.StoreOp | s.AccumOp) and not _register(o.buf):
+                writes.add(o.buf)
+            elif isinstance(o, s.MatmulOp):
+                reads |= {o.a, o.b, o.c}
+                writes.add(o.c)
+        return reads, writes
+
+    def needs_barrier(self, loop: Operation) -> bool:
+        """A cooperative step shares memory with other steps of the block."""
+        reads, writes = self.accessed(loop)
+        if any(s.buf_type(b).role.data in ("local", "temp") for b in reads | writes):
+            return True
+        assert self.group is not None
+        for o in self.group.ops:
+            for x in (o, *_nested(o)):
+                if _inside(x, loop):
+                    continue
+                if isinstance(x, s.LoadOp | s.LoadBitOp | s.StoreOp | s.AccumOp) and x.buf in writes:
+                    return True
+        return False
+
+    # ------------------------------------------------------------------ statements
+    def walk(self, ops: Iterator[Operation]) -> None:
+        opened = 0
+        for op in ops:
+            if isinstance(op, s.FailOp):
+                self.fail(op)
+                opened += 1
+            else:
+                self.stmt(op)
+        for _ in range(opened):
+            self.depth -= 1
+            self.line("}")
+
+    def fail(self, op: s.FailOp) -> None:
+        code = f"(unsigned int){STATUS[op.status.data]}"
+        who = "if (threadIdx.x == 0) " if self.ctx == "uniform" else ""
+        self.line(f"/* {op.message.data.replace('*/', '* /')}: record, skip the rest */")
+        self.line(f"if (!({self.name(op.cond)})) {{ {who}opgen_dev_fail(a.err, a.sticky, {code}); }} else {{")
+        self.depth += 1
+
+    def stmt(self, op: Operation) -> None:
+        if op.results and not any(r.uses for r in op.results):
+            return
+        if isinstance(op, s.ForOp):
+            self.loop(op)
+        elif isinstance(op, s.AllocOp):
+            self.alloc(op)
+        elif isinstance(op, s.StoreOp | s.AccumOp):
+            self.update(op)
+        elif isinstance(op, s.FailOp):
+            self.walk(iter([op]))
+        elif isinstance(op, s.SegmentsOp):
+            raise CudaUnsupported(f"{self.fn_name}: sched.segments inside a loop")
+        elif isinstance(op, s.MatmulOp):
+            self.matmul(op)
+        else:
+            super().stmt(op)
+
+    def update(self, op: s.StoreOp | s.AccumOp) -> None:
+        b = s.buf_type(op.buf)
+        target = self.lvalue(op.buf, list(op.idx))
+        v = self.name(op.value)
+        if isinstance(op, s.StoreOp):
+            text = f"{target} = {self.store_value(b, v, ir.tensor_type(op.value).dtype)};"
+        elif op.kind.data == "sum":
+            text = f"{target} += {v};"
+        else:
+            cmp = ">" if op.kind.data == "max" else "<"
+            text = f"if ({v} {cmp} {target} || {v} != {v}) {target} = {v};"
+        if _register(op.buf):
+            if self.ctx != "uniform" and op.buf not in self.private and op.buf not in self.lanes:
+                raise CudaUnsupported(f"{self.fn_name}: a thread updates a scalar shared by the block")
+            self.line(text)
+        elif self.ctx == "uniform":
+            self.sync()
+            self.line(f"if (threadIdx.x == 0) {{ {text} }}")
+            self.sync()
+        elif isinstance(op, s.StoreOp) or all(o in op.idx for o in self.owned):
+            self.line(text)
+        elif self.atomic_ok(op):
+            t = ATOMIC_TYPES[self.storage_ctype(b)]
+            self.line(f"atomicAdd(({t} *)&{target}, ({t})({v})); /* integer: exact in any order */")
+        else:
+            raise CudaUnsupported(f"{self.fn_name}: accumulation at an index other threads share "
+                                  "(floating-point atomics are never emitted)")
+
+    def alloc(self, op: s.AllocOp) -> None:
+        b = s.buf_type(op.result)
+        ct = self.storage_ctype(b)
+        if b.rank == 0 and b.role.data == "local":
+            n = self.fresh("l")
+            self.names[op.result] = n
+            self.line(f"{ct} {n} = ({ct})0;")
+            if self.ctx != "uniform":
+                self.private.add(op.result)
+            return
+        if b.role.data != "local" or self.ctx != "uniform":
+            raise CudaUnsupported(f"{self.fn_name}: a {b.role.data} buffer allocated inside a thread's code")
+        assert self.group is not None
+        n = self.fresh("l")
+        self.names[op.result] = n
+        count = self.count_expr(b)
+        r = self.add_region(Region(ct, count, "scratch", self.group.kid))
+        self.line(f"{ct} *{self.restrict} {n} = ({ct} *)a.wsp[{r}] + (size_t)blockIdx.x * ({count});")
+        if op.zero is not None and op.zero.data:
+            z = self.fresh("z")
+            self.sync()
+            self.line(f"for (size_t {z} = threadIdx.x; {z} < {count}; {z} += OPGEN_CUDA_THREADS) {n}[{z}] = ({ct})0;")
+            self.sync()
+
+    # ------------------------------------------------------------------ loops
+    def plain_loop(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
+        self.line(f"for (int64_t {iv} = {lo}; {iv} < {hi}; {iv}++) {{")
+        self.depth += 1
+        self.walk(iter(op.body.block.ops))
+        self.depth -= 1
+        self.line("}")
+
+    def loop(self, op: s.ForOp) -> None:
+        iv = self.fresh("i")
+        self.names[op.iv] = iv
+        lo, hi = self.name(op.lo), self.name(op.hi)
+        if self.ctx != "uniform":
+            self.plain_loop(op, iv, lo, hi)  # a thread runs its loops in order
+            return
+        if op.kind.data == "reduce":
+            accs = self.block_reducible(op)
+            if accs:
+                self.block_reduce(op, iv, lo, hi, accs)
+                return
+        if op.kind.data == "parallel":
+            chain = self.collapse(op)
+            if self.thread_mappable(chain[0]):
+                self.thread_loop(chain)
+                return
+        self.plain_loop(op, iv, lo, hi)  # uniform: every thread walks it, cooperating inside
+
+    def enter_thread(self, owned: tuple[SSAValue, ...]) -> tuple[str, tuple[SSAValue, ...], set[SSAValue]]:
+        saved = (self.ctx, self.owned, self.private)
+        self.ctx, self.owned, self.private = "thread", owned, set()
+        return saved
+
+    def leave_thread(self, saved: tuple[str, tuple[SSAValue, ...], set[SSAValue]]) -> None:
+        self.ctx, self.owned, self.private = saved
+
+    def thread_loop(self, chain: list[s.ForOp]) -> None:
+        """Iterations of a (collapsed) parallel nest strided over the block's threads."""
+        barrier = self.needs_barrier(chain[0])
+        if barrier:
+            self.sync()
+        outer = chain[0]
+        if len(chain) == 1:
+            iv = self.name(outer.iv)
+            lo, hi = self.name(outer.lo), self.name(outer.hi)
+            self.line(f"for (int64_t {iv} = {lo} + (int64_t)threadIdx.x; {iv} < {hi}; {iv} += OPGEN_CUDA_THREADS) {{")
+            saved = self.enter_thread((outer.iv,))
+            self.depth += 1
+            self.walk(iter(outer.body.block.ops))
+            self.depth -= 1
+            self.leave_thread(saved)
+            self.line("}")
+        else:
+            self.line("{")
+            self.depth += 1
+            ns = []
+            for lp in chain:
+                n = self.fresh("n")
+                lo, hi = self.name(lp.lo), self.name(lp.hi)
+                self.line(f"const int64_t {n} = {hi} > {lo} ? {hi} - {lo} : 0;")
+                ns.append(n)
+            f = self.fresh("f")
+            self.line(f"for (int64_t {f} = threadIdx.x; {f} < {' * '.join(ns)}; {f} += OPGEN_CUDA_THREADS) {{")
+            self.depth += 1
+            for k, lp in enumerate(chain):
+                iv = self.fresh("i")
+                self.names[lp.iv] = iv
+                inner = " * ".join(ns[k + 1:])
+                q = f"({f} / ({inner}))" if inner else f
+                q = f"{q} % {ns[k]}" if k else q
+                self.line(f"const int64_t {iv} = {self.name(lp.lo)} + {q};")
+            saved = self.enter_thread(tuple(lp.iv for lp in chain))
+            for k, lp in enumerate(chain):
+                ops = list(lp.body.block.ops)
+                self.walk(iter(ops if k == len(chain) - 1 else ops[:-1]))
+            self.leave_thread(saved)
+            self.depth -= 1
+            self.line("}")
+            self.depth -= 1
+            self.line("}")
+        if barrier:
+            self.sync()
+
+    def block_reduce(self, op: s.ForOp, iv: str, lo: str, hi: str, accs: list[s.AccumOp]) -> None:
+        """Thread t sums iterations t, t+T, ... in order; the T partials meet in a fixed tree."""
+        self.line("{")
+        self.depth += 1
+        parts: dict[SSAValue, tuple[str, str, str]] = {}
+        for a in accs:
+            if a.buf in parts:
+                continue
+            ct = self.storage_ctype(s.buf_type(a.buf))
+            pn = self.fresh("part")
+            acc = self.name(a.buf)
+            init = f"threadIdx.x == 0 ? {acc} : ({ct})0" if a.kind.data == "sum" else acc
+            self.line(f"{ct} {pn} = {init};")
+            parts[a.buf] = (pn, ct, a.kind.data)
+        saved_lanes = dict(self.lanes)
+        for buf, (pn, _, _) in parts.items():
+            self.lanes[buf] = pn
+        self.line(f"for (int64_t {iv} = {lo} + (int64_t)threadIdx.x; {iv} < {hi}; {iv} += OPGEN_CUDA_THREADS) {{")
+        saved = self.enter_thread((op.iv,))
+        self.depth += 1
+        self.walk(iter(op.body.block.ops))
+        self.depth -= 1
+        self.leave_thread(saved)
+        self.line("}")
+        self.lanes = saved_lanes
+        for buf, (pn, ct, kind) in parts.items():
+            self.line(f"{self.name(buf)} = opgen_block_reduce<{REDUCE_KIND[kind]}, {ct}>({pn});")
+        self.depth -= 1
+        self.line("}")
+
+    # ------------------------------------------------------------------ matmul
+    def matmul(self, op: s.MatmulOp) -> None:
+        bufs = [s.buf_type(x) for x in (op.a, op.b, op.c)]
+        cts = {self.storage_ctype(t) for t in bufs}
+        ta, tb = (t.data for t in op.trans.data)
+        m, n, k = self.name(op.m), self.name(op.n), self.name(op.k)
+        if self.ctx == "uniform" and len(cts) == 1 and cts <= {"float", "double"} \
+                and all(t.role.data in ("local", "temp") for t in bufs):
+            def strides(t: s.BufType, trans: int) -> tuple[str, str]:
+                ld = self.dim(t.shape[1])
+                return ("1", ld) if trans else (ld, "1")
+
+            ars, acs = strides(bufs[0], ta)
+            brs, bcs = strides(bufs[1], tb)
+            self.sync()
+            self.line(f"opgen_block_gemm<{cts.pop()}>({m}, {n}, {k}, {self.name(op.a)}, {ars}, {acs}, "
+                      f"{self.name(op.b)}, {brs}, {bcs}, {self.name(op.c)}, {self.dim(bufs[2].shape[1])}, "
+                      f"{op.accumulate.data});")
+            self.line("__syncthreads();")
+            return
+        self.matmul_elements(op, "block" if self.ctx == "uniform" else "seq")
+
+    def matmul_elements(self, op: s.MatmulOp, mode: str) -> None:
+        """One output element per iteration, k summed in order: ``seq`` (this thread does all),
+        ``block`` (strided over the block's threads) or ``grid`` (over the whole grid)."""
+        bufs = [s.buf_type(x) for x in (op.a, op.b, op.c)]
+        ta, tb = (t.data for t in op.trans.data)
+        m, n, k = self.name(op.m), self.name(op.n), self.name(op.k)
+        i, j, kk, acc, f = (self.fresh(p) for p in ("i", "j", "k", "acc", "f"))
+        ct = self.ctype(bufs[2].dtype)
+        if mode == "block":
+            self.sync()
+        if mode == "seq":
+            self.line(f"for (int64_t {f} = 0; {f} < {m} * {n}; {f}++) {{")
+        elif mode == "block":
+            self.line(f"for (int64_t {f} = threadIdx.x; {f} < {m} * {n}; {f} += OPGEN_CUDA_THREADS) {{")
+        else:
+            self.line(f"for (int64_t {f} = (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + threadIdx.x; {f} < {m} * {n}; "
+                      f"{f} += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {{")
+        self.line(f"    const int64_t {i} = {f} / {n}, {j} = {f} % {n};")
+        init = self._elem(op.c, (i, j)) if op.accumulate.data else f"({ct})0"
+        self.line(f"    {ct} {acc} = {init};")
+        ea = self._elem(op.a, (kk, i) if ta else (i, kk))
+        eb = self._elem(op.b, (j, kk) if tb else (kk, j))
+        self.line(f"    for (int64_t {kk} = 0; {kk} < {k}; {kk}++) {acc} += ({ct}){ea} * ({ct}){eb};")
+        self.line(f"    {self.name(op.c)}[{self._raw_offset(op.c, (i, j))}] = "
+                  f"{self.store_value(bufs[2], acc, bufs[2].dtype)};")
+        self.line("}")
+        if mode == "block":
+            self.sync()
+
+    # ------------------------------------------------------------------ instance
+    def prologue(self, body: list[str]) -> list[str]:
+        """Kernel-side bindings of the arguments, dims and temporaries ``body`` uses (nvcc
+        rejects unused ones under -Werror, even cast to void)."""
+        decls: list[tuple[str, str]] = []
+        for a, n in self.arg_names.items():
+            t = a.type
+            if isinstance(t, s.BufType):
+                ct = self.storage_ctype(t)
+                const = "const " if t.role.data == "in" else ""
+                info = self.buf_info[n]
+                k = info.param_index
+                rs = "" if n in self.no_restrict else f"{self.restrict} "  # may-alias pairs: no restrict
+                decls.append((n, f"{const}{ct} *{rs}{n} = ({const}{ct} *)a.bufs[{k}].data;"))
+                for i in range(t.rank):
+                    if not (i == t.rank - 1 and info.last_contig):
+                        decls.append((f"st_{n}_{i}", f"const int64_t st_{n}_{i} = a.bufs[{k}].st[{i}];"))
+                if info.batch:
+                    decls.append((f"ro_{n}", f"const int64_t *ro_{n} = a.bufs[{k}].ro;"))
+            else:
+                field = {"f32": "f", "i64": "i", "bool": "b"}[ir.tensor_type(a).dtype]
+                decls.append((n, f"const {self.ctype(ir.tensor_type(a).dtype)} {n} = "
+                                 f"a.sc[{self.param_index[n]}].{field};"))
+        for d, i in self.dim_ids.items():
+            decls.append((f"d_{d}", f"const int64_t d_{d} = a.dims[{i}];"))
+        for v, r in self.region_of.items():
+            reg = self.regions[r]
+            if reg.kind == "temp":
+                n = self.names_temp[v]
+                decls.append((n, f"{reg.ctype} *{self.restrict} {n} = ({reg.ctype} *)a.wsp[{r}];"))
+        return _used(decls, body)
+
+    def host_prologue(self, scalars: bool, body: list[str]) -> list[str]:
+        decls: list[tuple[str, str]] = []
+        if scalars:
+            for a, n in self.arg_names.items():
+                if isinstance(a.type, ir.TensorType):
+                    field = {"f32": "f", "i64": "i", "bool": "b"}[ir.tensor_type(a).dtype]
+                    decls.append((n, f"const {self.ctype(ir.tensor_type(a).dtype)} {n} = "
+                                     f"sc[{self.param_index[n]}].{field};"))
+        for d, i in self.dim_ids.items():
+            decls.append((f"d_{d}", f"const int64_t d_{d} = dims[{i}];"))
+        return _used(decls, body)
+
+    def print_group(self, g: Group) -> str:
+        """The ``__global__`` kernel of one device group."""
+        self.group = g
+        self.names = dict(self.arg_names)
+        for v, n in self.names_temp.items():
+            self.names[v] = n
+        self.lines = []
+        self.depth = 1
+        self.ctx, self.owned, self.private = "uniform", (), set()
+        need = self.needed(self.operands_of(g.ops))
+        first = min(self.order[o] for o in g.ops)
+        last = max(self.order[o] for o in g.ops)
+        before = [o for o in need if self.order[o] < first]
+        self.define_ops(before)
+        if g.mode == "block":
+            lp = g.loop
+            assert lp is not None
+            iv = self.fresh("i")
+            self.names[lp.iv] = iv
+            lo, hi = self.name(lp.lo), self.name(lp.hi)
+            self.line(f"for (int64_t {iv} = {lo} + (int64_t)blockIdx.x; {iv} < {hi}; {iv} += (int64_t)gridDim.x) {{")
+            self.depth += 1
+            self.walk(iter(lp.body.block.ops))
+            self.sync()
+            self.depth -= 1
+            self.line("}")
+        elif g.mode == "flat":
+            lp = g.loop
+            assert lp is not None
+            iv = self.fresh("i")
+            self.names[lp.iv] = iv
+            lo, hi = self.name(lp.lo), self.name(lp.hi)
+            self.line(f"for (int64_t {iv} = {lo} + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; "
+                      f"{iv} < {hi}; {iv} += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {{")
+            saved = self.enter_thread((lp.iv,))
+            self.ctx = "flat"
+            self.depth += 1
+            self.walk(iter(lp.body.block.ops))
+            self.depth -= 1
+            self.leave_thread(saved)
+            self.line("}")
+        else:
+            members = set(g.ops)
+            needed_inside = {o for o in need if self.order[o] > first}
+            self.walk(o for o in self.top[first:last + 1] if o in members or o in needed_inside)
+        body = self.lines
+        head = [f"static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) {self.fn_name}_k{g.kid}"
+                "(const opgen_cuda_args_t a) {",
+                "    if (*a.err) return; /* an earlier step of this call failed: write nothing */"]
+        head += ["    " + x for x in self.prologue(body)]
+        return "\n".join(head + body + ["}"]) + "\n"
+
+    def scratch_bytes(self, kid: int) -> str:
+        terms = [f"opgen_align(sizeof({r.ctype}) * {r.count})" for r in self.regions
+                 if r.kind == "scratch" and r.kid == kid]
+        return " + ".join(terms) or "0"
+
+    def print_instance(self) -> str:
+        """Kernels, workspace layout, size function and launcher of this instance."""
+        steps: list[tuple[str, object]] = []
+        groups: list[Group] = []
+        self.names_temp: dict[SSAValue, str] = {}
+        cur: list[Operation] = []
+        cur_regs: set[SSAValue] = set()
+
+        def flush() -> None:
+            if cur:
+                g = Group(list(cur), len(groups))
+                groups.append(g)
+                steps.append(("group", g))
+                cur.clear()
+
+        for op in self.top:
+            if _pure(op):
+                continue
+            if isinstance(op, s.AllocOp) and s.buf_type(op.result).role.data == "temp":
+                b = s.buf_type(op.result)
+                n = self.fresh("t")
+                self.names_temp[op.result] = n
+                self.region_of[op.result] = self.add_region(Region(self.storage_ctype(b), self.count_expr(b), "temp"))
+                if op.zero is not None and op.zero.data:
+                    flush()
+                    steps.append(("memset", op))
+                continue
+            if isinstance(op, s.FailOp) and not cur and self.host_ok(op.cond):
+                steps.append(("check", op))
+                continue
+            if isinstance(op, s.SegmentsOp | s.MatmulOp):
+                flush()
+                if isinstance(op, s.MatmulOp):
+                    g = Group([op], len(groups), "matmul")
+                    groups.append(g)
+                    steps.append(("group", g))
+                else:
+                    steps.append(("segments", op))
+                continue
+            # one kernel per top-level loop; statements sharing a scalar local stay together
+            used = {v for x in (op, *_nested(op)) for v in x.operands
+                    if isinstance(v.type, s.BufType) and s.buf_type(v).role.data == "local"
+                    and v.owner is not op}
+            if not (cur and used & cur_regs):
+                flush()
+                cur_regs.clear()
+            cur.append(op)
+            if isinstance(op, s.AllocOp):
+                cur_regs.add(op.result)
+        flush()
+        # mapping of each group
+        for g in groups:
+            if len(g.ops) == 1 and isinstance(g.ops[0], s.ForOp):
+                lp = g.ops[0]
+                if self.host_ok(lp.lo) and self.host_ok(lp.hi):
+                    if lp.kind.data == "parallel" and self.needs_block(lp):
+                        g.mode, g.loop = "block", lp
+                    elif lp.kind.data == "parallel" or (lp.kind.data == "serial" and self.independent(lp)):
+                        g.mode, g.loop = "flat", lp
+        # segments scratch regions
+        seg_regions: dict[Operation, tuple[int, int, int]] = {}
+        for kind, x in steps:
+            if kind == "segments":
+                op = x
+                assert isinstance(op, s.SegmentsOp)
+                for b in (op.idx, op.start, op.order):
+                    if b not in self.region_of:
+                        raise CudaUnsupported(f"{self.fn_name}: segments on a non-temporary buffer")
+                if not self.host_ok(op.rows, scalars=False):
+                    raise CudaUnsupported(f"{self.fn_name}: segment rows must follow from dims")
+                n = self.dim(s.buf_type(op.idx).shape[0])
+                rk = self.add_region(Region("int64_t", f"(size_t){n}", "temp"))
+                rv = self.add_region(Region("int64_t", f"(size_t){n}", "temp"))
+                rt = self.add_region(Region("char", n, "cub", rows=op.rows))
+                seg_regions[op] = (rk, rv, rt)
+        # kernels (their scratch regions are registered while printing)
+        kernels = []
+        for g in groups:
+            if g.mode == "matmul":
+                kernels.append(self.print_matmul_kernel(g))
+            else:
+                kernels.append(self.print_group(g))
+        # layout: status word, then every region in order
+        self.names = dict(self.arg_names)
+        self.lines, self.depth = [], 1
+        roots: list[SSAValue] = []
+        for g in groups:
+            if g.mode == "block" and any(r.kind == "scratch" and r.kid == g.kid for r in self.regions):
+                assert g.loop is not None
+                if self.host_ok(g.loop.lo, False) and self.host_ok(g.loop.hi, False):
+                    roots += [g.loop.lo, g.loop.hi]
+        roots += [r.rows for r in self.regions if r.rows is not None]
+        self.define_ops(self.needed(roots))
+        grid_of: dict[int, str] = {}
+        for g in groups:
+            if not any(r.kind == "scratch" and r.kid == g.kid for r in self.regions):
+                continue
+            gv = f"g{g.kid}"
+            if g.mode == "block":
+                assert g.loop is not None
+                known = self.host_ok(g.loop.lo, False) and self.host_ok(g.loop.hi, False)
+                n_expr = f"{self.name(g.loop.hi)} - {self.name(g.loop.lo)}" if known else "INT64_MAX"
+                self.line(f"const int64_t {gv} = opgen_cuda_grid({n_expr}, {self.scratch_bytes(g.kid)});")
+            else:
+                self.line(f"const int64_t {gv} = 1;")
+            grid_of[g.kid] = gv
+        self.line("size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */")
+        for i, r in enumerate(self.regions):  # temporaries and segment buffers: live all call long
+            if r.kind == "scratch":
+                continue
+            if r.kind == "temp":
+                size = f"opgen_align(sizeof({r.ctype}) * {r.count})"
+            else:
+                assert r.rows is not None
+                size = f"opgen_align(opgen_cuda_segments_tmp({r.count}, {self.name(r.rows)}))"
+            self.line(f"if (wsp) wsp[{i}] = ws + off;")
+            self.line(f"off += {size};")
+        # per-block scratch: kernels of a call run one after another on its stream, so each
+        # kernel's scratch starts at the same place (the arena is the largest of them)
+        kids = sorted(grid_of)
+        if kids:
+            self.line("const size_t arena = off;")
+            self.line("size_t end = off;")
+        for kid in kids:
+            self.line("off = arena;")
+            for i, r in enumerate(self.regions):
+                if r.kind == "scratch" and r.kid == kid:
+                    self.line(f"if (wsp) wsp[{i}] = ws + off;")
+                    self.line(f"off += opgen_align(sizeof({r.ctype}) * {r.count} * (size_t){grid_of[r.kid]});")
+            self.line("if (off > end) end = off;")
+        if kids:
+            self.line("off = end;")
+        self.line("*total = off;")
+        layout = [f"static void {self.fn_name}_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {{"]
+        layout += ["    " + x for x in self.host_prologue(False, self.lines)] + self.lines + ["}"]
+        wsfn = [f"static size_t {self.fn_name}_ws(const int64_t *dims) {{",
+                "    size_t total = 0;",
+                f"    {self.fn_name}_layout(dims, NULL, NULL, &total);",
+                "    return total;", "}"]
+        # the leading checks form the entry's `pre` function (run by the binder before anything
+        # else, also when only the workspace size is asked); the launcher does not repeat them
+        lead = 0
+        while lead < len(steps) and steps[lead][0] == "check":
+            lead += 1
+        pre_lines = self.host_checks([x for _, x in steps[:lead]])  # type: ignore[misc]
+        pre = [f"static opgen_status_t {self.fn_name}_pre(const opgen_buf_t *bufs, const int64_t *dims, "
+               "const opgen_scalar_t *sc) {"]
+        pre += ["    " + x for x in self.host_prologue(True, pre_lines)] + pre_lines
+        pre += ["    (void)bufs; (void)dims; (void)sc;", "    return OPGEN_SUCCESS;", "}"]
+        steps = steps[lead:]
+        # launcher
+        self.names = dict(self.arg_names)
+        self.lines, self.depth = [], 1
+        host_roots: list[SSAValue] = []
+        for kind, x in steps:
+            if kind == "check":
+                host_roots.append(x.cond)  # type: ignore[attr-defined]
+            elif kind == "segments":
+                host_roots.append(x.rows)  # type: ignore[attr-defined]
+            elif kind == "group":
+                g = x
+                assert isinstance(g, Group)
+                if g.loop is not None:
+                    host_roots += [g.loop.lo, g.loop.hi]
+                if g.mode == "matmul":
+                    mm = g.ops[0]
+                    assert isinstance(mm, s.MatmulOp)
+                    host_roots += [mm.m, mm.n]
+        for v in host_roots:
+            if not self.host_ok(v):
+                raise CudaUnsupported(f"{self.fn_name}: a launch parameter is not known on the host")
+        self.define_ops(self.needed(host_roots))
+        for kind, x in steps:
+            if kind == "check":
+                op = x
+                assert isinstance(op, s.FailOp)
+                msg = op.message.data.replace('"', "'")
+                self.line(f'if (!({self.name(op.cond)})) return opgen_fail({STATUS[op.status.data]}, '
+                          f'"{self.k.sym_name.data}: {msg}");')
+            elif kind == "memset":
+                op = x
+                assert isinstance(op, s.AllocOp)
+                r = self.region_of[op.result]
+                self.line(f"cudaMemsetAsync(a.wsp[{r}], 0, sizeof({self.regions[r].ctype}) * {self.regions[r].count}, "
+                          "stream);")
+            elif kind == "segments":
+                op = x
+                assert isinstance(op, s.SegmentsOp)
+                rk, rv, rt = seg_regions[op]
+                n = self.dim(s.buf_type(op.idx).shape[0])
+                ri, rs, ro = (self.region_of[b] for b in (op.idx, op.start, op.order))
+                self.line("{")
+                self.line(f"    const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[{ri}], {n}, "
+                          f"{self.name(op.rows)}, (int64_t *)a.wsp[{rs}], (int64_t *)a.wsp[{ro}], "
+                          f"(int64_t *)a.wsp[{rk}], (int64_t *)a.wsp[{rv}], a.wsp[{rt}], "
+                          f"opgen_cuda_segments_tmp({n}, {self.name(op.rows)}), stream);")
+                self.line("    if (st != OPGEN_SUCCESS) return st;")
+                self.line("}")
+            else:
+                g = x
+                assert isinstance(g, Group)
+                k = f"{self.fn_name}_k{g.kid}"
+                if g.mode == "single":
+                    self.line(f"{k}<<<1, OPGEN_CUDA_THREADS, 0, stream>>>(a);")
+                    continue
+                gv = self.fresh("grid")
+                if g.mode == "block":
+                    assert g.loop is not None
+                    n_expr = f"{self.name(g.loop.hi)} - {self.name(g.loop.lo)}"
+                    self.line(f"const int64_t {gv} = opgen_cuda_grid({n_expr}, {self.scratch_bytes(g.kid)});")
+                else:
+                    if g.mode == "flat":
+                        assert g.loop is not None
+                        n_expr = f"{self.name(g.loop.hi)} - {self.name(g.loop.lo)}"
+                    else:
+                        mm = g.ops[0]
+                        assert isinstance(mm, s.MatmulOp)
+                        n_expr = f"{self.name(mm.m)} * {self.name(mm.n)}"
+                    self.line(f"const int64_t {gv} = opgen_cuda_grid(({n_expr} + OPGEN_CUDA_THREADS - 1) / "
+                              "OPGEN_CUDA_THREADS, 0);")
+                self.line(f"if ({gv} > 0) {k}<<<(unsigned){gv}, OPGEN_CUDA_THREADS, 0, stream>>>(a);")
+        nparams = len(self.param_index)
+        launcher = [
+            f"static opgen_status_t {self.fn_name}(const opgen_buf_t *bufs, const int64_t *dims, "
+            "const opgen_scalar_t *sc, char *ws, cudaStream_t stream) {",
+            "    opgen_cuda_args_t a;",
+            "    memset(&a, 0, sizeof a);",
+            f"    memcpy(a.bufs, bufs, sizeof(opgen_buf_t) * {nparams});",
+            f"    memcpy(a.sc, sc, sizeof(opgen_scalar_t) * {nparams});",
+            f"    for (int d = 0; d < {len(self.dim_ids)}; d++) a.dims[d] = dims[d];",
+            "    size_t total = 0;",
+            f"    {self.fn_name}_layout(dims, ws, a.wsp, &total);",
+            "    a.err = (unsigned int *)ws;",
+            "    a.sticky = opgen_cuda_sticky();",
+        ]
+        launcher += ["    " + x for x in self.host_prologue(True, self.lines)]
+        launcher += self.lines
+        launcher += [f'    return opgen_cuda_launched("{self.fn_name}");', "}"]
+        return "\n".join([*kernels, "\n".join(layout), "\n".join(wsfn), "\n".join(pre),
+                          "\n".join(launcher)]) + "\n"
+
+    def host_checks(self, checks: list[s.FailOp]) -> list[str]:
+        """Host code returning the status of the first failing check."""
+        self.names = dict(self.arg_names)
+        self.lines, self.depth = [], 1
+        self.define_ops(self.needed([op.cond for op in checks]))
+        for op in checks:
+            msg = op.message.data.replace('"', "'")
+            self.line(f'if (!({self.name(op.cond)})) return opgen_fail({STATUS[op.status.data]}, '
+                      f'"{self.k.sym_name.data}: {msg}");')
+        return self.lines
+
+    def print_matmul_kernel(self, g: Group) -> str:
+        self.group = g
+        self.names = dict(self.arg_names)
+        for v, n in self.names_temp.items():
+            self.names[v] = n
+        self.lines, self.depth = [], 1
+        self.ctx, self.owned, self.private = "flat", (), set()
+        op = g.ops[0]
+        assert isinstance(op, s.MatmulOp)
+        self.define_ops(self.needed(op.operands))
+        self.matmul_elements(op, "grid")
+        self.ctx = "uniform"
+        head = [f"static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) {self.fn_name}_k{g.kid}"
+                "(const opgen_cuda_args_t a) {",
+                "    if (*a.err) return;"]
+        head += ["    " + x for x in self.prologue(self.lines)]
+        return "\n".join(head + self.lines + ["}"]) + "\n"
+
+
+# ---------------------------------------------------------------------- translation unit
+def kernels(o: OpDef, fuse: bool = True) -> dict[tuple[str, ...], s.KernelOp]:
+    """Each valid variant lowered through the CUDA pipeline to an L2 kernel (``fuse=False``: the
+    unfused fallback lowering, which tests use to exercise the printer on other loop shapes)."""
+    m = o.module()
+    if fuse:
+        pipeline.run(m, "cuda")
+    else:
+        ctx = pipeline.context()
+        for p in [*pipeline.L0, LowerToLoops(fuse=False)]:
+            p.apply(ctx, m)
+            m.verify()
+    out = {}
+    names = {o.variant_name(p): p for p in o.variants}
+    for k in m.body.block.ops:
+        assert isinstance(k, s.KernelOp)
+        out[names[k.sym_name.data]] = k
+    return out
+
+
+def op_source(o: OpDef, fuse: bool = True) -> str:
+    """The CUDA translation unit of one op: kernels and launchers of every variant x dtype
+    binding, the op's signature table, and its plain C entry points."""
+    sig = o.signature
+    dims = sig.dims()
+    dim_ids = {d: i for i, d in enumerate(dims)}
+    dvars = list(sig.dtype_vars())
+    pidx = {p.name: i for i, p in enumerate(sig.params)}
+    info = {p.name: BufInfo(pidx[p.name], isinstance(p.spec.batch, Batch), p.spec.last_contiguous)
+            for p in sig.params if isinstance(p.spec, TensorSpec)}
+    aliased = {n for pair in o.may_alias for n in pair}
+    parts = [f"/* {o.name}: CUDA kernels generated by opgen from {o.where}. Do not edit. */",
+             '#include "opgen_cuda_rt.cuh"', ""]
+    inst: dict[tuple[str, ...], list[cpu.Instance]] = {}
+    for present, k in kernels(o, fuse).items():
+        for b in cpu.bindings(o):
+            fn = "k_" + o.variant_name(present) + "".join(f"_{b[v].name}" for v in dvars)
+            pr = CudaPrinter(k, b, fn, info, dim_ids, pidx, no_restrict=aliased)
+            parts.append(pr.print_instance())
+            inst.setdefault(present, []).append(cpu.Instance(present, b, fn))
+    parts += cpu.op_tables(o, inst)
+    parts += cpu.entry_points(o, prefix="opgen_cuda_", run="opgen_cuda_run", extra_params=", void *stream",
+                              extra_args=", stream", decl='extern "C" OPGEN_API ')
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,1 @@
+"""A CPU model of the CUDA subset the generated kernels use (see cuda_emu.h)."""

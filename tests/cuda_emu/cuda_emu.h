@@ -1,0 +1,208 @@
+/* cuda_emu.h — a CPU model of the small CUDA subset opgen's generated kernels use, so that they
+ * can RUN (and be checked against the oracle) on a machine without a GPU. Test harness only.
+ *
+ * A launch runs its blocks one after another; each block runs OPGEN's 256 (blockDim) threads as
+ * real std::threads, so barriers, block reductions, warp shuffles and races are real:
+ *   __syncthreads()       a std::barrier over the block (a thread that returns drops out, as on
+ *                         Volta+ GPUs, where exited threads no longer count);
+ *   __shfl_down_sync      an exchange through a per-warp slot array between two warp barriers;
+ *   __shared__            static storage (one block at a time runs, so it is the block's);
+ *   atomics               __atomic builtins; device memory is host memory.
+ * `kernel<<<grid, block, shmem, stream>>>(args)` is rewritten by tests/cuda_emu/emu_build.py into
+ * `opgen_emu_launch(grid, block, [&] { kernel(args); })` before compiling with g++. Run under
+ * ThreadSanitizer, missing barriers show up as data races. */
+#ifndef OPGEN_CUDA_EMU_H
+#define OPGEN_CUDA_EMU_H
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <math.h>
+#include <memory>
+#include <numeric>
+#include <stdint.h>
+#include <string.h>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(n)
+#define __shared__ static
+
+struct dim3 {
+    unsigned int x = 1, y = 1, z = 1;
+};
+inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+using opgen_emu_barrier = std::barrier<>;
+inline thread_local opgen_emu_barrier *opgen_emu_block = nullptr;
+inline thread_local opgen_emu_barrier *opgen_emu_warp = nullptr;
+inline thread_local uint64_t *opgen_emu_slots = nullptr;
+
+inline void __syncthreads() { opgen_emu_block->arrive_and_wait(); }
+
+template <typename T>
+inline T __shfl_down_sync(unsigned int, T v, int offset) {
+    static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
+    const unsigned lane = threadIdx.x & 31u;
+    uint64_t bits = 0;
+    memcpy(&bits, &v, sizeof(T));
+    opgen_emu_slots[lane] = bits;
+    opgen_emu_warp->arrive_and_wait();
+    const unsigned src = lane + (unsigned)offset < 32u ? lane + (unsigned)offset : lane;
+    uint64_t got = opgen_emu_slots[src];
+    opgen_emu_warp->arrive_and_wait();
+    T r;
+    memcpy(&r, &got, sizeof(T));
+    return r;
+}
+
+inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+inline unsigned int atomicAdd(unsigned int *p, unsigned int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+inline unsigned int atomicCAS(unsigned int *p, unsigned int cmp, unsigned int v) {
+    __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    return cmp;
+}
+
+/* Run a launch: blocks in order, each block's threads concurrently. */
+inline void opgen_emu_launch(unsigned int grid, unsigned int block, const std::function<void()> &body) {
+    const unsigned int warps = (block + 31) / 32;
+    for (unsigned int b = 0; b < grid; b++) {
+        opgen_emu_barrier bar((std::ptrdiff_t)block);
+        std::vector<std::unique_ptr<opgen_emu_barrier>> wbar;
+        std::vector<uint64_t> slots((size_t)warps * 32);
+        for (unsigned int w = 0; w < warps; w++)
+            wbar.emplace_back(new opgen_emu_barrier((std::ptrdiff_t)std::min(32u, block - 32 * w)));
+        std::vector<std::thread> ts;
+        ts.reserve(block);
+        for (unsigned int t = 0; t < block; t++)
+            ts.emplace_back([&, t] {
+                threadIdx = {t, 0, 0};
+                blockIdx = {b, 0, 0};
+                blockDim = {block, 1, 1};
+                gridDim = {grid, 1, 1};
+                opgen_emu_block = &bar;
+                opgen_emu_warp = wbar[t / 32].get();
+                opgen_emu_slots = &slots[(size_t)(t / 32) * 32];
+                body();
+                opgen_emu_warp->arrive_and_drop();
+                opgen_emu_block->arrive_and_drop();
+            });
+        for (auto &th : ts) th.join();
+    }
+}
+
+/* ---- the runtime API subset ---- */
+typedef struct CUstream_st *cudaStream_t;
+typedef enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 } cudaError_t;
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+
+inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+inline const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated error"; }
+inline cudaError_t cudaGetDevice(int *d) {
+    *d = 0;
+    return cudaSuccess;
+}
+/* one "SM": grids stay small (at most 16 blocks), so emulated launches are quick */
+inline cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr, int) {
+    *v = 1;
+    return cudaSuccess;
+}
+template <typename T>
+inline cudaError_t cudaMallocAsync(T **p, size_t n, cudaStream_t) {
+    *p = (T *)malloc(n ? n : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+inline cudaError_t cudaFreeAsync(void *p, cudaStream_t) {
+    free(p);
+    return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t = nullptr) {
+    memset(p, v, n);
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+template <typename T>
+inline cudaError_t cudaGetSymbolAddress(void **p, T &sym) {
+    *p = (void *)&sym;
+    return cudaSuccess;
+}
+template <typename T>
+inline cudaError_t cudaMemcpyFromSymbol(void *dst, T &sym, size_t n) {
+    memcpy(dst, &sym, n);
+    return cudaSuccess;
+}
+template <typename T>
+inline cudaError_t cudaMemcpyToSymbol(T &sym, const void *src, size_t n) {
+    memcpy(&sym, src, n);
+    return cudaSuccess;
+}
+
+/* ---- cuda_fp16.h subset ---- */
+struct __half {
+    uint16_t bits;
+};
+inline float __uint_as_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+inline uint32_t __float_as_uint(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+inline __half __ushort_as_half(uint16_t h) { return __half{h}; }
+inline uint16_t __half_as_ushort(__half h) { return h.bits; }
+inline float __half2float(__half h) {
+    _Float16 x;
+    memcpy(&x, &h.bits, 2);
+    return (float)x;
+}
+inline __half __float2half_rn(float f) {
+    _Float16 x = (_Float16)f;
+    __half h;
+    memcpy(&h.bits, &x, 2);
+    return h;
+}
+
+/* ---- cub::DeviceRadixSort::SortPairs: a stable sort on key bits [begin, end) ---- */
+namespace cub {
+struct DeviceRadixSort {
+    template <typename K, typename V>
+    static cudaError_t SortPairs(void *tmp, size_t &bytes, const K *kin, K *kout, const V *vin, V *vout, int n,
+                                 int begin = 0, int end = (int)sizeof(K) * 8, cudaStream_t = nullptr) {
+        if (!tmp) {
+            bytes = 16;
+            return cudaSuccess;
+        }
+        const uint64_t mask = (end - begin >= 64 ? ~0ull : ((1ull << (end - begin)) - 1)) << begin;
+        std::vector<int> p((size_t)n);
+        std::iota(p.begin(), p.end(), 0);
+        std::stable_sort(p.begin(), p.end(), [&](int a, int b) {
+            return ((uint64_t)kin[a] & mask) < ((uint64_t)kin[b] & mask);
+        });
+        for (int i = 0; i < n; i++) {
+            kout[i] = kin[p[(size_t)i]];
+            vout[i] = vin[p[(size_t)i]];
+        }
+        return cudaSuccess;
+    }
+};
+}  // namespace cub
+
+#endif /* OPGEN_CUDA_EMU_H */
