@@ -190,7 +190,7 @@ def _attr_value(spec: AttrSpec, name: str, v: Any) -> float | int | bool:
         if isinstance(v, float) and not float(v).is_integer():
             raise OpError("param", f"attribute '{name}' must be an integer, got {v}")
         iv = int(v)
-        if iv >= 2**63:  # an unsigned 64-bit ABI value read as int64 (e.g. CANN's paddingIdx)
+        if iv >= 2**63:  # an unsigned 64-bit ABI value read as int64 (two's complement)
             iv -= 2**64
         return iv
     return float(np.float32(v))

@@ -62,30 +62,22 @@ def describe(arr: np.ndarray) -> tuple[TensorDesc, tuple[Any, ...]]:
     return desc, (shape, strides, arr)
 
 
-def call(op_name: str, lib: ctypes.CDLL | None = None, workspace: bool = True, **args: Any) -> dict[str, np.ndarray]:
-    """Run ``op_name`` through its plain C entry point; returns the outputs by name."""
-    o = registry.get(op_name)
-    lib = lib or load()
-    sig = o.signature
-    args = {k: v for k, v in args.items() if v is not None}
-    missing = [p.name for p in sig.outputs if p.name not in args and not p.optional]
-    if missing:  # allocate outputs the way the oracle does (validating the call in Python)
-        b = bind(o, args)
-        for name in missing:
-            args[name] = b.outputs[name]
+def marshal(sig: Any, args: dict[str, Any], tensor_arg: Any) -> tuple[list[Any], dict[str, Any], list[Any]]:
+    """ctypes arguments of a plain entry point, in signature order. ``tensor_arg(v)`` returns
+    (the object handed back for outputs, its TensorDesc, what must stay alive); scalars use their
+    declared C types (an unsigned 64-bit int attribute is passed as its int64 bit pattern)."""
     keep: list[Any] = []
     cargs: list[Any] = []
-    outs: dict[str, np.ndarray] = {}
+    outs: dict[str, Any] = {}
     for p in sig.params:
         v = args.get(p.name)
         if isinstance(p.spec, TensorSpec):
             if v is None:
                 cargs.append(None)
                 continue
-            arr = to_numpy(v)
+            obj, desc, hold = tensor_arg(v)
             if p.is_output:
-                outs[p.name] = arr
-            desc, hold = describe(arr)
+                outs[p.name] = obj
             keep.append((desc, hold))
             cargs.append(ctypes.pointer(desc))
         elif isinstance(p.spec, AttrSpec):
@@ -100,6 +92,25 @@ def call(op_name: str, lib: ctypes.CDLL | None = None, workspace: bool = True, *
         else:
             assert isinstance(p.spec, SizeSpec)
             cargs.append(ctypes.c_int64(int(v) if v is not None else -1))
+    return cargs, outs, keep
+
+
+def call(op_name: str, lib: ctypes.CDLL | None = None, workspace: bool = True, **args: Any) -> dict[str, np.ndarray]:
+    """Run ``op_name`` through its plain C entry point; returns the outputs by name."""
+    o = registry.get(op_name)
+    lib = lib or load()
+    sig = o.signature
+    args = {k: v for k, v in args.items() if v is not None}
+    missing = [p.name for p in sig.outputs if p.name not in args and not p.optional]
+    if missing:  # allocate outputs the way the oracle does (validating the call in Python)
+        b = bind(o, args)
+        for name in missing:
+            args[name] = b.outputs[name]
+    def numpy_arg(v: Any) -> tuple[np.ndarray, TensorDesc, Any]:
+        arr = to_numpy(v)
+        return (arr, *describe(arr))
+
+    cargs, outs, _keep = marshal(sig, args, numpy_arg)
     fn = getattr(lib, f"opgen_{o.name}")
     st = fn(*cargs, None, ctypes.c_size_t(0))
     if st != 0:

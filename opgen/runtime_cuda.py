@@ -25,8 +25,7 @@ import numpy as np
 
 from opgen import dtypes, registry
 from opgen.binding import OpError, bind, to_numpy
-from opgen.dsl.spec import AttrSpec, SizeSpec, TensorSpec
-from opgen.runtime import STATUS, TensorDesc
+from opgen.runtime import STATUS, TensorDesc, marshal
 
 TORCH_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i8": "int8",
                "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16",
@@ -111,33 +110,11 @@ def call(op_name: str, lib: ctypes.CDLL | None = None, stream: int | None = None
         b = bind(o, host)
         for name in missing:
             args[name] = np.zeros_like(b.outputs[name])
-    keep: list[Any] = []
-    cargs: list[Any] = []
-    outs: dict[str, Any] = {}
-    for p in sig.params:
-        v = args.get(p.name)
-        if isinstance(p.spec, TensorSpec):
-            if v is None:
-                cargs.append(None)
-                continue
-            t = to_device(v if isinstance(v, torch.Tensor) else to_numpy(v))
-            if p.is_output:
-                outs[p.name] = t
-            desc, hold = describe(t)
-            keep.append((desc, hold))
-            cargs.append(ctypes.pointer(desc))
-        elif isinstance(p.spec, AttrSpec):
-            val = p.spec.default if v is None else v
-            if p.spec.dtype == dtypes.F32:
-                cargs.append(ctypes.c_float(float(val)))
-            elif p.spec.dtype == dtypes.I64:
-                iv = int(val)
-                cargs.append(ctypes.c_int64(iv - 2**64 if iv >= 2**63 else iv))
-            else:
-                cargs.append(ctypes.c_bool(bool(val)))
-        else:
-            assert isinstance(p.spec, SizeSpec)
-            cargs.append(ctypes.c_int64(int(v) if v is not None else -1))
+    def device_arg(v: Any) -> tuple[Any, Any, Any]:
+        t = to_device(v if isinstance(v, torch.Tensor) else to_numpy(v))
+        return (t, *describe(t))
+
+    cargs, outs, _keep = marshal(sig, args, device_arg)
     if stream is None:
         stream = torch.cuda.current_stream().cuda_stream
     ws_ptr = ctypes.c_void_p(workspace.data_ptr()) if workspace is not None else None
@@ -146,7 +123,7 @@ def call(op_name: str, lib: ctypes.CDLL | None = None, stream: int | None = None
     st = fn(*cargs, ws_ptr, ws_size, ctypes.c_void_p(stream))
     if st != 0:
         msg = lib.opgen_cuda_last_error().decode()
-        raise OpError(STATUS.get(st, "param"), f"status {st}: {msg}")
+        raise OpError(STATUS.get(st, "internal"), f"status {st}: {msg}")
     return outs
 
 

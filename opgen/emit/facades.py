@@ -117,7 +117,7 @@ _PLAIN_C = {"f32": "float", "i64": "int64_t", "bool": "bool"}
 
 
 def snake(name: str) -> str:
-    """``RMSNormBackward`` -> ``rms_norm_backward``."""
+    """``FooBarBackward`` -> ``foo_bar_backward``."""
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 

@@ -180,14 +180,7 @@ class MatmulChainLowering(_Lowering):
     # ------------------------------------------------------------------ driver
     def run(self) -> s.KernelOp:
         ch = self.plan()
-        b0 = _Builder(self.kblock)
-        for op in self.func.body.block.ops:
-            if isinstance(op, ir.CheckOp):
-                b0.stmt(s.FailOp(self.emit(b0, op.cond, []), op.status.data, op.message.data))
-            if isinstance(op, ir.UnpackBitsOp):
-                self._mask_check(b0, op)
-        for v, rows in self.index_values().items():
-            self.lower_index(v, rows)
+        self.prologue()
         for outs, by_rows in ((ch.row_out, True), (ch.col_out, False)):
             if outs:
                 self.chain_pass(ch, outs, by_rows)

@@ -134,15 +134,8 @@ class RowGroupLowering(_Lowering):
 
     # ------------------------------------------------------------------ driver
     def run(self) -> s.KernelOp:
-        b = _Builder(self.kblock)
-        for op in self.func.body.block.ops:
-            if isinstance(op, ir.CheckOp):
-                b.stmt(s.FailOp(self.emit(b, op.cond, []), op.status.data, op.message.data))
-            if isinstance(op, ir.UnpackBitsOp):
-                self._mask_check(b, op)
         groups = self.plan()
-        for v, rows in self.index_values().items():
-            self.lower_index(v, rows)
+        self.prologue()
         grouped = {m for g in groups for m in g.rowlocal}
         grouped |= {v for g in groups for _, v in g.outputs}
         grouped |= {r.results[0] for g in groups for _, r in g.colreds}

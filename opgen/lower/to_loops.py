@@ -345,15 +345,20 @@ class _Lowering:
         self.kblock.add_op(s.MatmulOp(a, bb, dst, b.dim(m), b.dim(n), b.dim(k), ta, tb))
 
     # ------------------------------------------------------------------ driver
-    def run(self) -> s.KernelOp:
+    def prologue(self) -> None:
+        """Everything that can fail, before any output is touched: the op's run-time checks on
+        scalars and sizes, mask lengths, then the range-checked copies of index tensors."""
         b = _Builder(self.kblock)
-        for op in self.func.body.block.ops:  # run-time preconditions first
+        for op in self.func.body.block.ops:
             if isinstance(op, ir.CheckOp):
                 b.stmt(s.FailOp(self.emit(b, op.cond, []), op.status.data, op.message.data))
             if isinstance(op, ir.UnpackBitsOp):
                 self._mask_check(b, op)
         for v, rows in self.index_values().items():
             self.lower_index(v, rows)
+
+    def run(self) -> s.KernelOp:
+        self.prologue()
         for v in self.materialised():
             ret_only = all(u.operation is self.ret for u in v.uses)
             direct = isinstance(v.owner, ir.ReduceOp | ir.ScatterAddOp) and ret_only \
