@@ -256,14 +256,24 @@ def test_return_names_mismatch():
     rejects(f, r"one name per returned value")
 
 
+def test_return_must_name_a_parameter_of_the_same_type():
+    t = ir.TensorType.make(["N"], "f32")
+    f = ir.FuncOp("f", ["x", "out"], [t, t], {})
+    f.body.block.add_op(ir.ReturnOp([f.body.block.args[0]], ["y"]))
+    rejects(f, r"returns 'y', which is not a parameter")
+    g = ir.FuncOp("g", ["x", "out"], [t, ir.TensorType.make(["N"], "f16")], {})
+    g.body.block.add_op(ir.ReturnOp([g.body.block.args[0]], ["out"]))
+    rejects(g, r"output 'out' is .* returned")
+
+
 def test_textual_ir_with_type_error_fails_verification():
     nd, dk, nk = ("!opgen.tensor<[N, D], f32>", "!opgen.tensor<[D, K], f32>",
                   "!opgen.tensor<[N, K], f32>")
 
     def module(rhs: str, rhs_t: str, res_t: str) -> str:
         return f"""builtin.module {{
-  "opgen.func"() <{{sym_name = "bad", arg_names = ["a", "b"], dtype_vars = {{}}}}> ({{
-  ^bb0(%a: {nd}, %b: {dk}):
+  "opgen.func"() <{{sym_name = "bad", arg_names = ["a", "b", "y"], dtype_vars = {{}}}}> ({{
+  ^bb0(%a: {nd}, %b: {dk}, %y: {res_t}):
     %0 = "opgen.matmul"(%a, {rhs}) : ({nd}, {rhs_t}) -> {res_t}
     "opgen.return"(%0) <{{names = ["y"]}}> : ({res_t}) -> ()
   }}) : () -> ()

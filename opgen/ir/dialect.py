@@ -237,8 +237,15 @@ class FuncOp(IRDLOperation):
         for k, v in self.dtype_var_map().items():
             if k in dtypes.BY_NAME or not v:
                 raise VerifyException(f"opgen.func: bad dtype variable {k!r}")
-        if not isinstance(self.body.block.last_op, ReturnOp):
+        ret = self.body.block.last_op
+        if not isinstance(ret, ReturnOp):
             raise VerifyException("opgen.func: body must end in opgen.return")
+        args = dict(zip((a.data for a in self.arg_names.data), self.body.block.args, strict=True))
+        for name, v in zip((n.data for n in ret.names.data), ret.values, strict=True):
+            if name not in args:
+                raise VerifyException(f"opgen.func: returns '{name}', which is not a parameter")
+            if v.type != args[name].type:
+                raise VerifyException(f"opgen.func: output '{name}' is {args[name].type}, returned {v.type}")
 
 
 @irdl_op_definition
