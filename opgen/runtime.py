@@ -63,7 +63,7 @@ def describe(arr: np.ndarray) -> tuple[TensorDesc, tuple[Any, ...]]:
 
 
 def marshal(sig: Any, args: dict[str, Any], tensor_arg: Any) -> tuple[list[Any], dict[str, Any], list[Any]]:
-    """ctypes arguments of a plain entry point, in signature order. ``tensor_arg(v)`` returns
+    """ctypes arguments of a plain entry point, in signature order. ``tensor_arg(param, v)`` returns
     (the object handed back for outputs, its TensorDesc, what must stay alive); scalars use their
     declared C types (an unsigned 64-bit int attribute is passed as its int64 bit pattern)."""
     keep: list[Any] = []
@@ -75,7 +75,7 @@ def marshal(sig: Any, args: dict[str, Any], tensor_arg: Any) -> tuple[list[Any],
             if v is None:
                 cargs.append(None)
                 continue
-            obj, desc, hold = tensor_arg(v)
+            obj, desc, hold = tensor_arg(p, v)
             if p.is_output:
                 outs[p.name] = obj
             keep.append((desc, hold))
@@ -106,7 +106,7 @@ def call(op_name: str, lib: ctypes.CDLL | None = None, workspace: bool = True, *
         b = bind(o, args)
         for name in missing:
             args[name] = b.outputs[name]
-    def numpy_arg(v: Any) -> tuple[np.ndarray, TensorDesc, Any]:
+    def numpy_arg(_: Any, v: Any) -> tuple[np.ndarray, TensorDesc, Any]:
         arr = to_numpy(v)
         return (arr, *describe(arr))
 

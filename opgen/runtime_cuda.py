@@ -110,7 +110,7 @@ def call(op_name: str, lib: ctypes.CDLL | None = None, stream: int | None = None
         b = bind(o, host)
         for name in missing:
             args[name] = np.zeros_like(b.outputs[name])
-    def device_arg(v: Any) -> tuple[Any, Any, Any]:
+    def device_arg(_: Any, v: Any) -> tuple[Any, Any, Any]:
         t = to_device(v if isinstance(v, torch.Tensor) else to_numpy(v))
         return (t, *describe(t))
 

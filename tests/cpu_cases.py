@@ -26,7 +26,6 @@ import numpy as np
 
 from opgen import dtypes, oracle, registry, runtime
 from opgen.binding import to_numpy
-from opgen.dsl.spec import AttrSpec, SizeSpec, TensorSpec
 
 NP = {
     "f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16), "f32": np.dtype(np.float32),
@@ -268,30 +267,15 @@ def c_call(name: str, args: dict[str, Any], tamper: dict[str, Any] | None = None
     o = registry.get(name)
     lib = lib or runtime.load()
     hold = Hold()
-    cargs: list[Any] = []
-    for p in o.signature.params:
-        v = args.get(p.name)
-        if isinstance(p.spec, TensorSpec):
-            if v is None:
-                cargs.append(None)
-                continue
-            desc, keep = runtime.describe(to_numpy(v))
-            hold.keep(keep)
-            if tamper and p.name in tamper:
-                tamper[p.name](desc, hold)
-            cargs.append(ctypes.pointer(hold.keep(desc)))
-        elif isinstance(p.spec, AttrSpec):
-            val = p.spec.default if v is None else v
-            if p.spec.dtype == dtypes.F32:
-                cargs.append(ctypes.c_float(float(val)))
-            elif p.spec.dtype == dtypes.I64:
-                iv = int(val)
-                cargs.append(ctypes.c_int64(iv - 2**64 if iv >= 2**63 else iv))
-            else:
-                cargs.append(ctypes.c_bool(bool(val)))
-        else:
-            assert isinstance(p.spec, SizeSpec)
-            cargs.append(ctypes.c_int64(int(v) if v is not None else -1))
+
+    def tensor_arg(p: Any, v: Any) -> tuple[Any, Any, Any]:
+        desc, keep = runtime.describe(to_numpy(v))
+        hold.keep(keep)
+        if tamper and p.name in tamper:
+            tamper[p.name](desc, hold)
+        return v, desc, hold
+
+    cargs, _, _ = runtime.marshal(o.signature, args, tensor_arg)
     if size_query:
         size = ctypes.c_size_t(0)
         st = getattr(lib, f"opgen_{o.name}_workspace_size")(*cargs, ctypes.byref(size))

@@ -43,6 +43,7 @@ from tests.cpu_cases import (
     root,
     row_strided,
     set_shape,
+    snapshot,
 )
 from tests.reference import TORCH, assert_close_policy, f32_scalar, t64, tlong, tt
 
@@ -946,3 +947,13 @@ def test_interleaved_disjoint_views(rng):
     else:
         assert st == CODE["param"], msg
         assert buf.tobytes() == before
+
+
+def test_element_count_overflow_is_a_shape_error(rng):
+    """A descriptor whose shape multiplies past int64 is refused before anything is read."""
+    a = rms_args(rng, "f32")
+    before = snapshot(a)
+    huge = (2**40, 2**30, 40)
+    st, msg = c_call("rms_norm_backward", a, tamper={"x": _shape(huge, (0, 0, 1))})
+    assert st == 3 and "too many elements" in msg
+    assert snapshot(a) == before

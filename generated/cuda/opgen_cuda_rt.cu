@@ -268,7 +268,8 @@ opgen_status_t opgen_cuda_run(const opgen_op_t *op, const opgen_tensor_t *const 
         for (int i = t->ndim - 1; i >= 0; i--) {
             if (t->shape[i] < 0) return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s has a negative dim", op->name, p->name);
             st[i] = t->strides ? t->strides[i] : numel;
-            numel *= t->shape[i];
+            if (__builtin_mul_overflow(numel, t->shape[i], &numel))
+                return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s has too many elements", op->name, p->name);
         }
         /* an empty tensor's strides mean nothing (numpy gives them as 0): no stride rules */
         if (p->last_contig && t->ndim > 0 && numel > 0 && t->shape[t->ndim - 1] > 1 && st[t->ndim - 1] != 1)
