@@ -110,7 +110,8 @@ def _parse_kv(text: str | None) -> dict[str, str]:
 
 def random_inputs(o: OpDef, dims: dict[str, int], dvars: dict[str, str], seed: int,
                   present: Sequence[str] = ()) -> dict[str, object]:
-    """Random arguments for ``o``: floats ~ N(0, 1), integers in [0, smallest bound dim)."""
+    """Random arguments for ``o``: floats ~ N(0, 1); integers — and tensors whose dtype variable
+    also admits integers (indices given as floats) — in [0, smallest dim)."""
     rng = np.random.default_rng(seed)
     sig = o.signature
     default = 16
@@ -127,7 +128,8 @@ def random_inputs(o: OpDef, dims: dict[str, int], dvars: dict[str, str], seed: i
             continue
         dt = p.spec.dtype if isinstance(p.spec.dtype, dtypes.DType) else types[p.spec.dtype.name]
         shape = [d if isinstance(d, int) else sizes[d.name] for d in p.spec.shape]
-        if dt.is_float:
+        index_like = any(m.is_int for m in getattr(p.spec.dtype, "members", (dt,)))
+        if dt.is_float and not index_like:
             arr = rng.standard_normal(shape).astype(dt.np_dtype)
         elif dt.is_bool:
             arr = rng.random(shape) < 0.3
