@@ -29,6 +29,7 @@ from opgen.dsl.spec import (
 from opgen.dsl.trace import Tracer, Value, Variant, as_value, broadcast_to, cast, size
 from opgen.ir import dialect as ir
 
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _ATTR_TYPES = {float: dtypes.F32, int: dtypes.I64, bool: dtypes.BOOL}
 
 
@@ -56,7 +57,12 @@ class OpDef:
 
     @property
     def where(self) -> str:
-        return f"{os.path.relpath(self.file)}:{self.line}"
+        """``file:line`` of the definition; relative to the repository when inside it, so that
+        generated files do not depend on the directory ``opgen`` runs from."""
+        path = os.path.abspath(self.file)
+        if path.startswith(_REPO + os.sep):
+            return f"{os.path.relpath(path, _REPO)}:{self.line}"
+        return f"{path}:{self.line}"
 
     # ------------------------------------------------------------------ variants
     def presence_sets(self) -> list[tuple[str, ...]]:
