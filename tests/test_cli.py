@@ -192,3 +192,13 @@ def test_fresh_builds_are_reproducible_and_match_generated(tmp_path, keep_stamps
     assert "not produced by the build: leftover.txt" in stdout
     assert "is stale" in err
     assert tree(b) != ta, "--check must not write"
+
+
+def test_build_check_is_independent_of_the_working_directory(tmp_path):
+    """generated/ must not record where opgen was run from."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "opgen.cli", "build", "--check", "-q", "--no-compile"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
