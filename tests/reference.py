@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import torch
+
+from tests.cpu_cases import NP  # the torch-free dtype table (worker processes must not import torch)
 
 #: Relative margins of SPEC §0 (f64 is the exact-math type: only summation-order noise).
 MARGIN = {"f32": 1e-5, "f16": 1e-3, "bf16": 8e-3, "f64": 1e-12}
@@ -25,13 +26,6 @@ MARGIN = {"f32": 1e-5, "f16": 1e-3, "bf16": 8e-3, "f64": 1e-12}
 #: Tight relative bound for ``precision="f64"`` against the torch float64 reference.
 F64_RTOL = 1e-10
 
-NP = {
-    "f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16), "f32": np.dtype(np.float32),
-    "f64": np.dtype(np.float64), "i8": np.dtype(np.int8), "i16": np.dtype(np.int16),
-    "i32": np.dtype(np.int32), "i64": np.dtype(np.int64), "u8": np.dtype(np.uint8),
-    "u16": np.dtype(np.uint16), "u32": np.dtype(np.uint32), "u64": np.dtype(np.uint64),
-    "bool": np.dtype(np.bool_),
-}
 
 TORCH = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
 

@@ -13,6 +13,7 @@ from opgen.dsl.opdef import OpDef
 from opgen.dsl.spec import AttrSpec, Batch, DTypeVar, SizeSpec, TensorSpec
 from opgen.emit.c_family import BufInfo, CPrinter
 from opgen.lower import sched as s
+from opgen.lower.to_loops import LowerToLoops
 from opgen.passes import pipeline
 
 STATUS_C = {"null": "OPGEN_ERR_NULL", "param": "OPGEN_ERR_PARAM", "shape": "OPGEN_ERR_SHAPE",
@@ -58,10 +59,17 @@ def bindings(o: OpDef) -> Iterator[dict[str, dtypes.DType]]:
         yield {v.name: d for v, d in zip(dvars, combo, strict=True)}
 
 
-def kernels(o: OpDef) -> dict[tuple[str, ...], s.KernelOp]:
-    """Each valid variant lowered through the CPU pipeline to an L2 kernel."""
+def kernels(o: OpDef, target: str = "cpu", fuse: bool = True) -> dict[tuple[str, ...], s.KernelOp]:
+    """Each valid variant lowered through ``target``'s pipeline to an L2 kernel (``fuse=False``:
+    the unfused fallback lowering, which tests use to exercise printers on other loop shapes)."""
     m = o.module()
-    pipeline.run(m, "cpu")
+    if fuse:
+        pipeline.run(m, target)
+    else:
+        ctx = pipeline.context()
+        for p in [*pipeline.L0, LowerToLoops(fuse=False)]:
+            p.apply(ctx, m)
+            m.verify()
     out = {}
     names = {o.variant_name(p): p for p in o.variants}
     for k in m.body.block.ops:

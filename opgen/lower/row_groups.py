@@ -254,22 +254,7 @@ class RowGroupLowering(_Lowering):
             b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc.result, []), pinned=True), local.result, outer))
             b.close_n(len(outer))
         elif isinstance(op, ir.ScatterAddOp):
-            rows = t.shape[0]
-            n_dim = ir.tensor_type(op.idx).shape[0]
-            start = s.AllocOp(s.BufType.make([f"{rows}+1"], "i64", "temp"))
-            order = s.AllocOp(s.BufType.make([n_dim], "i64", "temp"))
-            # the segments are built once, before the group's loops
-            for pre in (start, order):
-                b._insert(pre, 0)
-            b._insert(s.SegmentsOp(self.ibuf[op.idx], start.result, order.result, b.dim(rows)), 0)
-            one = b.const(1, "i64")
-            lo = b.scalar(s.LoadOp(start.result, [x]))
-            hi = b.scalar(s.LoadOp(start.result, [b.scalar(ir.AddOp(x, one))]))
-            seg = b.open(lo, hi, "serial", "s")
-            n = b.scalar(s.LoadOp(order.result, [seg]))
-            inner = b.loops(rest, "parallel", "d")
-            b.stmt(s.AccumOp("sum", self.emit(b, op.values, [n, *inner]), local.result, inner))
-            b.close_n(len(inner) + 1)
+            self.segment_sum(b, op, x, local.result)
         else:
             raise NotFusable(f"{op} cannot be computed per row")
         self.rowlocal[m] = (local.result, x)

@@ -298,27 +298,31 @@ class _Lowering:
     def _scatter(self, b: _Builder, op: ir.ScatterAddOp, dst: SSAValue) -> None:
         rt = ir.tensor_type(op.result)
         rows = rt.shape[0]
-        idx_buf = self.ibuf[op.idx]
-        n_dim = ir.tensor_type(op.idx).shape[0]
-        start = s.AllocOp(s.BufType.make([f"{rows}+1"], "i64", "temp"))
-        order = s.AllocOp(s.BufType.make([n_dim], "i64", "temp"))
-        self.kblock.add_op(start)
-        self.kblock.add_op(order)
-        b.stmt(s.SegmentsOp(idx_buf, start.result, order.result, b.dim(rows)))
         (v,) = b.loops([rows], "parallel", "v")
         rest = list(rt.shape[1:])
         row = s.AllocOp(s.BufType.make(rest, rt.dtype, "local"), zero=True)
         b.stmt(row)
+        self.segment_sum(b, op, v, row.result)
+        inner = b.loops(rest, "parallel", "d")
+        b.stmt(s.StoreOp(b.scalar(s.LoadOp(row.result, inner)), dst, [v, *inner]))
+        b.close_n(len(inner) + 1)
+
+    def segment_sum(self, b: _Builder, op: ir.ScatterAddOp, v: SSAValue, row: SSAValue) -> None:
+        """``row += values[n]`` for every n with ``idx[n] == v``, in increasing n (owner-computes
+        over a stable counting sort, built once before the outermost loop)."""
+        rows = ir.tensor_type(op.result).shape[0]
+        start = s.AllocOp(s.BufType.make([f"{rows}+1"], "i64", "temp"))
+        order = s.AllocOp(s.BufType.make([ir.tensor_type(op.idx).shape[0]], "i64", "temp"))
+        for pre in (start, order):
+            b._insert(pre, 0)
+        b._insert(s.SegmentsOp(self.ibuf[op.idx], start.result, order.result, b.dim(rows)), 0)
         one = b.const(1, "i64")
         lo = b.scalar(s.LoadOp(start.result, [v]))
         hi = b.scalar(s.LoadOp(start.result, [b.scalar(ir.AddOp(v, one))]))
         seg = b.open(lo, hi, "serial", "s")
         n = b.scalar(s.LoadOp(order.result, [seg]))
-        inner = b.loops(rest, "parallel", "d")
-        b.stmt(s.AccumOp("sum", self.emit(b, op.values, [n, *inner]), row.result, inner))
-        b.close_n(len(inner) + 1)
-        inner = b.loops(rest, "parallel", "d")
-        b.stmt(s.StoreOp(b.scalar(s.LoadOp(row.result, inner)), dst, [v, *inner]))
+        inner = b.loops(list(ir.tensor_type(op.result).shape[1:]), "parallel", "d")
+        b.stmt(s.AccumOp("sum", self.emit(b, op.values, [n, *inner]), row, inner))
         b.close_n(len(inner) + 1)
 
     def _bincount(self, b: _Builder, op: ir.BincountOp, dst: SSAValue) -> None:
