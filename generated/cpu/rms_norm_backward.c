@@ -81,110 +81,97 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
         for (int64_t i14 = v11; i14 < v13; i14++) {
             float l15 = 0;
             float l16 = 0;
+            float l17 = 0;
+            float l18 = 0;
             {
-                float lane18[16];
-                for (int l = 0; l < 16; l++) lane18[l] = l ? 0 : l16;
-                int64_t r19 = v2;
-                for (; r19 + 16 <= v6; r19 += 16) {
+                float lane20[16];
+                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
+                float lane21[16];
+                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v2;
+                for (; r22 + 16 <= v6; r22 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i17 = r19 + l;
-                        const float v20 = opgen_f16_to_f32(x[ro_x[i14] + i17]);
-                        const float v21 = v20 * v20;
-                        lane18[l] += v21;
+                        const int64_t i19 = r22 + l;
+                        const float v23 = opgen_f16_to_f32(x[ro_x[i14] + i19]);
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i19]);
+                        const float v26 = opgen_f16_to_f32(w[i19 * st_w_0]);
+                        const float v27 = v25 * v26;
+                        const float v28 = opgen_f16_to_f32(x[ro_x[i14] + i19]);
+                        const float v29 = v27 * v28;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r19 + l < v6; l++) {
+                for (int l = 0; r22 + l < v6; l++) {
                     {
-                        const int64_t i17 = r19 + l;
-                        const float v22 = opgen_f16_to_f32(x[ro_x[i14] + i17]);
-                        const float v23 = v22 * v22;
-                        lane18[l] += v23;
-                    }
-                }
-                for (int l = 0; l < 8; l++) lane18[l] += lane18[l + 8];
-                for (int l = 0; l < 4; l++) lane18[l] += lane18[l + 4];
-                for (int l = 0; l < 2; l++) lane18[l] += lane18[l + 2];
-                for (int l = 0; l < 1; l++) lane18[l] += lane18[l + 1];
-                l16 = lane18[0];
-            }
-            const float v24 = l16;
-            l15 = v24;
-            float l25 = 0;
-            float l26 = 0;
-            {
-                float lane28[16];
-                for (int l = 0; l < 16; l++) lane28[l] = l ? 0 : l26;
-                int64_t r29 = v2;
-                for (; r29 + 16 <= v6; r29 += 16) {
-                    for (int l = 0; l < 16; l++) {
-                        const int64_t i27 = r29 + l;
-                        const float v30 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i27]);
-                        const float v31 = opgen_f16_to_f32(w[i27 * st_w_0]);
-                        const float v32 = v30 * v31;
-                        const float v33 = opgen_f16_to_f32(x[ro_x[i14] + i27]);
+                        const int64_t i19 = r22 + l;
+                        const float v30 = opgen_f16_to_f32(x[ro_x[i14] + i19]);
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i19]);
+                        const float v33 = opgen_f16_to_f32(w[i19 * st_w_0]);
                         const float v34 = v32 * v33;
-                        lane28[l] += v34;
+                        const float v35 = opgen_f16_to_f32(x[ro_x[i14] + i19]);
+                        const float v36 = v34 * v35;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; r29 + l < v6; l++) {
-                    {
-                        const int64_t i27 = r29 + l;
-                        const float v35 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i27]);
-                        const float v36 = opgen_f16_to_f32(w[i27 * st_w_0]);
-                        const float v37 = v35 * v36;
-                        const float v38 = opgen_f16_to_f32(x[ro_x[i14] + i27]);
-                        const float v39 = v37 * v38;
-                        lane28[l] += v39;
-                    }
-                }
-                for (int l = 0; l < 8; l++) lane28[l] += lane28[l + 8];
-                for (int l = 0; l < 4; l++) lane28[l] += lane28[l + 4];
-                for (int l = 0; l < 2; l++) lane28[l] += lane28[l + 2];
-                for (int l = 0; l < 1; l++) lane28[l] += lane28[l + 1];
-                l26 = lane28[0];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v40 = l26;
-            l25 = v40;
-            for (int64_t i41 = v2; i41 < v6; i41++) {
-                const float v42 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i41]);
-                const float v43 = opgen_f16_to_f32(x[ro_x[i14] + i41]);
-                const float v44 = v42 * v43;
-                const float v45 = l15;
-                const float v46 = v45 / v7;
-                const float v47 = v46 + v8;
-                const float v48 = 1.0f / sqrtf(v47);
-                const float v49 = v44 * v48;
-                l10[i41] += v49;
-                const float v50 = opgen_f16_to_f32(w[i41 * st_w_0]);
-                const float v51 = v42 * v50;
-                const float v52 = v51 * v48;
-                const float v53 = l25;
-                const float v54 = v53 / v7;
-                const float v55 = v54 * v48;
-                const float v56 = v55 * v48;
-                const float v57 = v56 * v48;
-                const float v58 = v43 * v57;
-                const float v59 = v52 - v58;
-                grad_x[ro_grad_x[i14] + i41] = opgen_f32_to_f16(v59);
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            for (int64_t i39 = v2; i39 < v6; i39++) {
+                const float v40 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i39]);
+                const float v41 = opgen_f16_to_f32(x[ro_x[i14] + i39]);
+                const float v42 = v40 * v41;
+                const float v43 = l15;
+                const float v44 = v43 / v7;
+                const float v45 = v44 + v8;
+                const float v46 = 1.0f / sqrtf(v45);
+                const float v47 = v42 * v46;
+                l10[i39] += v47;
+                const float v48 = opgen_f16_to_f32(w[i39 * st_w_0]);
+                const float v49 = v40 * v48;
+                const float v50 = v49 * v46;
+                const float v51 = l17;
+                const float v52 = v51 / v7;
+                const float v53 = v52 * v46;
+                const float v54 = v53 * v46;
+                const float v55 = v54 * v46;
+                const float v56 = v41 * v55;
+                const float v57 = v50 - v56;
+                grad_x[ro_grad_x[i14] + i39] = opgen_f32_to_f16(v57);
             }
         }
-        for (int64_t i60 = v2; i60 < v6; i60++) {
-            const float v61 = l10[i60];
-            t1[i9 * d_D + i60] = v61;
+        for (int64_t i58 = v2; i58 < v6; i58++) {
+            const float v59 = l10[i58];
+            t1[i9 * d_D + i58] = v59;
         }
     }
-    const int64_t v62 = 0ll;
-    const int64_t v63 = d_D;
-    const int64_t v64 = ((d_N + 31) / 32);
+    const int64_t v60 = 0ll;
+    const int64_t v61 = d_D;
+    const int64_t v62 = ((d_N + 31) / 32);
     #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v62; i65 < v63; i65++) {
-        float l66 = 0;
-        for (int64_t i67 = v62; i67 < v64; i67++) {
-            const float v68 = t1[i67 * d_D + i65];
-            l66 += v68;
+    for (int64_t i63 = v60; i63 < v61; i63++) {
+        float l64 = 0;
+        for (int64_t i65 = v60; i65 < v62; i65++) {
+            const float v66 = t1[i65 * d_D + i63];
+            l64 += v66;
         }
-        const float v69 = l66;
-        grad_w[i65 * st_grad_w_0] = opgen_f32_to_f16(v69);
+        const float v67 = l64;
+        grad_w[i63 * st_grad_w_0] = opgen_f32_to_f16(v67);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -231,110 +218,97 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
         for (int64_t i14 = v11; i14 < v13; i14++) {
             float l15 = 0;
             float l16 = 0;
+            float l17 = 0;
+            float l18 = 0;
             {
-                float lane18[16];
-                for (int l = 0; l < 16; l++) lane18[l] = l ? 0 : l16;
-                int64_t r19 = v2;
-                for (; r19 + 16 <= v6; r19 += 16) {
+                float lane20[16];
+                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
+                float lane21[16];
+                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v2;
+                for (; r22 + 16 <= v6; r22 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i17 = r19 + l;
-                        const float v20 = opgen_f16_to_f32(x[ro_x[i14] + i17]);
-                        const float v21 = v20 * v20;
-                        lane18[l] += v21;
+                        const int64_t i19 = r22 + l;
+                        const float v23 = opgen_f16_to_f32(x[ro_x[i14] + i19]);
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i19]);
+                        const float v26 = opgen_f16_to_f32(w[i19]);
+                        const float v27 = v25 * v26;
+                        const float v28 = opgen_f16_to_f32(x[ro_x[i14] + i19]);
+                        const float v29 = v27 * v28;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r19 + l < v6; l++) {
+                for (int l = 0; r22 + l < v6; l++) {
                     {
-                        const int64_t i17 = r19 + l;
-                        const float v22 = opgen_f16_to_f32(x[ro_x[i14] + i17]);
-                        const float v23 = v22 * v22;
-                        lane18[l] += v23;
-                    }
-                }
-                for (int l = 0; l < 8; l++) lane18[l] += lane18[l + 8];
-                for (int l = 0; l < 4; l++) lane18[l] += lane18[l + 4];
-                for (int l = 0; l < 2; l++) lane18[l] += lane18[l + 2];
-                for (int l = 0; l < 1; l++) lane18[l] += lane18[l + 1];
-                l16 = lane18[0];
-            }
-            const float v24 = l16;
-            l15 = v24;
-            float l25 = 0;
-            float l26 = 0;
-            {
-                float lane28[16];
-                for (int l = 0; l < 16; l++) lane28[l] = l ? 0 : l26;
-                int64_t r29 = v2;
-                for (; r29 + 16 <= v6; r29 += 16) {
-                    for (int l = 0; l < 16; l++) {
-                        const int64_t i27 = r29 + l;
-                        const float v30 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i27]);
-                        const float v31 = opgen_f16_to_f32(w[i27]);
-                        const float v32 = v30 * v31;
-                        const float v33 = opgen_f16_to_f32(x[ro_x[i14] + i27]);
+                        const int64_t i19 = r22 + l;
+                        const float v30 = opgen_f16_to_f32(x[ro_x[i14] + i19]);
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i19]);
+                        const float v33 = opgen_f16_to_f32(w[i19]);
                         const float v34 = v32 * v33;
-                        lane28[l] += v34;
+                        const float v35 = opgen_f16_to_f32(x[ro_x[i14] + i19]);
+                        const float v36 = v34 * v35;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; r29 + l < v6; l++) {
-                    {
-                        const int64_t i27 = r29 + l;
-                        const float v35 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i27]);
-                        const float v36 = opgen_f16_to_f32(w[i27]);
-                        const float v37 = v35 * v36;
-                        const float v38 = opgen_f16_to_f32(x[ro_x[i14] + i27]);
-                        const float v39 = v37 * v38;
-                        lane28[l] += v39;
-                    }
-                }
-                for (int l = 0; l < 8; l++) lane28[l] += lane28[l + 8];
-                for (int l = 0; l < 4; l++) lane28[l] += lane28[l + 4];
-                for (int l = 0; l < 2; l++) lane28[l] += lane28[l + 2];
-                for (int l = 0; l < 1; l++) lane28[l] += lane28[l + 1];
-                l26 = lane28[0];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v40 = l26;
-            l25 = v40;
-            for (int64_t i41 = v2; i41 < v6; i41++) {
-                const float v42 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i41]);
-                const float v43 = opgen_f16_to_f32(x[ro_x[i14] + i41]);
-                const float v44 = v42 * v43;
-                const float v45 = l15;
-                const float v46 = v45 / v7;
-                const float v47 = v46 + v8;
-                const float v48 = 1.0f / sqrtf(v47);
-                const float v49 = v44 * v48;
-                l10[i41] += v49;
-                const float v50 = opgen_f16_to_f32(w[i41]);
-                const float v51 = v42 * v50;
-                const float v52 = v51 * v48;
-                const float v53 = l25;
-                const float v54 = v53 / v7;
-                const float v55 = v54 * v48;
-                const float v56 = v55 * v48;
-                const float v57 = v56 * v48;
-                const float v58 = v43 * v57;
-                const float v59 = v52 - v58;
-                grad_x[ro_grad_x[i14] + i41] = opgen_f32_to_f16(v59);
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            for (int64_t i39 = v2; i39 < v6; i39++) {
+                const float v40 = opgen_f16_to_f32(grad_y[ro_grad_y[i14] + i39]);
+                const float v41 = opgen_f16_to_f32(x[ro_x[i14] + i39]);
+                const float v42 = v40 * v41;
+                const float v43 = l15;
+                const float v44 = v43 / v7;
+                const float v45 = v44 + v8;
+                const float v46 = 1.0f / sqrtf(v45);
+                const float v47 = v42 * v46;
+                l10[i39] += v47;
+                const float v48 = opgen_f16_to_f32(w[i39]);
+                const float v49 = v40 * v48;
+                const float v50 = v49 * v46;
+                const float v51 = l17;
+                const float v52 = v51 / v7;
+                const float v53 = v52 * v46;
+                const float v54 = v53 * v46;
+                const float v55 = v54 * v46;
+                const float v56 = v41 * v55;
+                const float v57 = v50 - v56;
+                grad_x[ro_grad_x[i14] + i39] = opgen_f32_to_f16(v57);
             }
         }
-        for (int64_t i60 = v2; i60 < v6; i60++) {
-            const float v61 = l10[i60];
-            t1[i9 * d_D + i60] = v61;
+        for (int64_t i58 = v2; i58 < v6; i58++) {
+            const float v59 = l10[i58];
+            t1[i9 * d_D + i58] = v59;
         }
     }
-    const int64_t v62 = 0ll;
-    const int64_t v63 = d_D;
-    const int64_t v64 = ((d_N + 31) / 32);
+    const int64_t v60 = 0ll;
+    const int64_t v61 = d_D;
+    const int64_t v62 = ((d_N + 31) / 32);
     #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v62; i65 < v63; i65++) {
-        float l66 = 0;
-        for (int64_t i67 = v62; i67 < v64; i67++) {
-            const float v68 = t1[i67 * d_D + i65];
-            l66 += v68;
+    for (int64_t i63 = v60; i63 < v61; i63++) {
+        float l64 = 0;
+        for (int64_t i65 = v60; i65 < v62; i65++) {
+            const float v66 = t1[i65 * d_D + i63];
+            l64 += v66;
         }
-        const float v69 = l66;
-        grad_w[i65] = opgen_f32_to_f16(v69);
+        const float v67 = l64;
+        grad_w[i63] = opgen_f32_to_f16(v67);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -422,110 +396,97 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
         for (int64_t i14 = v11; i14 < v13; i14++) {
             float l15 = 0;
             float l16 = 0;
+            float l17 = 0;
+            float l18 = 0;
             {
-                float lane18[16];
-                for (int l = 0; l < 16; l++) lane18[l] = l ? 0 : l16;
-                int64_t r19 = v2;
-                for (; r19 + 16 <= v6; r19 += 16) {
+                float lane20[16];
+                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
+                float lane21[16];
+                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v2;
+                for (; r22 + 16 <= v6; r22 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i17 = r19 + l;
-                        const float v20 = x[ro_x[i14] + i17];
-                        const float v21 = v20 * v20;
-                        lane18[l] += v21;
+                        const int64_t i19 = r22 + l;
+                        const float v23 = x[ro_x[i14] + i19];
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = grad_y[ro_grad_y[i14] + i19];
+                        const float v26 = w[i19 * st_w_0];
+                        const float v27 = v25 * v26;
+                        const float v28 = x[ro_x[i14] + i19];
+                        const float v29 = v27 * v28;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r19 + l < v6; l++) {
+                for (int l = 0; r22 + l < v6; l++) {
                     {
-                        const int64_t i17 = r19 + l;
-                        const float v22 = x[ro_x[i14] + i17];
-                        const float v23 = v22 * v22;
-                        lane18[l] += v23;
-                    }
-                }
-                for (int l = 0; l < 8; l++) lane18[l] += lane18[l + 8];
-                for (int l = 0; l < 4; l++) lane18[l] += lane18[l + 4];
-                for (int l = 0; l < 2; l++) lane18[l] += lane18[l + 2];
-                for (int l = 0; l < 1; l++) lane18[l] += lane18[l + 1];
-                l16 = lane18[0];
-            }
-            const float v24 = l16;
-            l15 = v24;
-            float l25 = 0;
-            float l26 = 0;
-            {
-                float lane28[16];
-                for (int l = 0; l < 16; l++) lane28[l] = l ? 0 : l26;
-                int64_t r29 = v2;
-                for (; r29 + 16 <= v6; r29 += 16) {
-                    for (int l = 0; l < 16; l++) {
-                        const int64_t i27 = r29 + l;
-                        const float v30 = grad_y[ro_grad_y[i14] + i27];
-                        const float v31 = w[i27 * st_w_0];
-                        const float v32 = v30 * v31;
-                        const float v33 = x[ro_x[i14] + i27];
+                        const int64_t i19 = r22 + l;
+                        const float v30 = x[ro_x[i14] + i19];
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = grad_y[ro_grad_y[i14] + i19];
+                        const float v33 = w[i19 * st_w_0];
                         const float v34 = v32 * v33;
-                        lane28[l] += v34;
+                        const float v35 = x[ro_x[i14] + i19];
+                        const float v36 = v34 * v35;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; r29 + l < v6; l++) {
-                    {
-                        const int64_t i27 = r29 + l;
-                        const float v35 = grad_y[ro_grad_y[i14] + i27];
-                        const float v36 = w[i27 * st_w_0];
-                        const float v37 = v35 * v36;
-                        const float v38 = x[ro_x[i14] + i27];
-                        const float v39 = v37 * v38;
-                        lane28[l] += v39;
-                    }
-                }
-                for (int l = 0; l < 8; l++) lane28[l] += lane28[l + 8];
-                for (int l = 0; l < 4; l++) lane28[l] += lane28[l + 4];
-                for (int l = 0; l < 2; l++) lane28[l] += lane28[l + 2];
-                for (int l = 0; l < 1; l++) lane28[l] += lane28[l + 1];
-                l26 = lane28[0];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v40 = l26;
-            l25 = v40;
-            for (int64_t i41 = v2; i41 < v6; i41++) {
-                const float v42 = grad_y[ro_grad_y[i14] + i41];
-                const float v43 = x[ro_x[i14] + i41];
-                const float v44 = v42 * v43;
-                const float v45 = l15;
-                const float v46 = v45 / v7;
-                const float v47 = v46 + v8;
-                const float v48 = 1.0f / sqrtf(v47);
-                const float v49 = v44 * v48;
-                l10[i41] += v49;
-                const float v50 = w[i41 * st_w_0];
-                const float v51 = v42 * v50;
-                const float v52 = v51 * v48;
-                const float v53 = l25;
-                const float v54 = v53 / v7;
-                const float v55 = v54 * v48;
-                const float v56 = v55 * v48;
-                const float v57 = v56 * v48;
-                const float v58 = v43 * v57;
-                const float v59 = v52 - v58;
-                grad_x[ro_grad_x[i14] + i41] = v59;
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            for (int64_t i39 = v2; i39 < v6; i39++) {
+                const float v40 = grad_y[ro_grad_y[i14] + i39];
+                const float v41 = x[ro_x[i14] + i39];
+                const float v42 = v40 * v41;
+                const float v43 = l15;
+                const float v44 = v43 / v7;
+                const float v45 = v44 + v8;
+                const float v46 = 1.0f / sqrtf(v45);
+                const float v47 = v42 * v46;
+                l10[i39] += v47;
+                const float v48 = w[i39 * st_w_0];
+                const float v49 = v40 * v48;
+                const float v50 = v49 * v46;
+                const float v51 = l17;
+                const float v52 = v51 / v7;
+                const float v53 = v52 * v46;
+                const float v54 = v53 * v46;
+                const float v55 = v54 * v46;
+                const float v56 = v41 * v55;
+                const float v57 = v50 - v56;
+                grad_x[ro_grad_x[i14] + i39] = v57;
             }
         }
-        for (int64_t i60 = v2; i60 < v6; i60++) {
-            const float v61 = l10[i60];
-            t1[i9 * d_D + i60] = v61;
+        for (int64_t i58 = v2; i58 < v6; i58++) {
+            const float v59 = l10[i58];
+            t1[i9 * d_D + i58] = v59;
         }
     }
-    const int64_t v62 = 0ll;
-    const int64_t v63 = d_D;
-    const int64_t v64 = ((d_N + 31) / 32);
+    const int64_t v60 = 0ll;
+    const int64_t v61 = d_D;
+    const int64_t v62 = ((d_N + 31) / 32);
     #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v62; i65 < v63; i65++) {
-        float l66 = 0;
-        for (int64_t i67 = v62; i67 < v64; i67++) {
-            const float v68 = t1[i67 * d_D + i65];
-            l66 += v68;
+    for (int64_t i63 = v60; i63 < v61; i63++) {
+        float l64 = 0;
+        for (int64_t i65 = v60; i65 < v62; i65++) {
+            const float v66 = t1[i65 * d_D + i63];
+            l64 += v66;
         }
-        const float v69 = l66;
-        grad_w[i65 * st_grad_w_0] = v69;
+        const float v67 = l64;
+        grad_w[i63 * st_grad_w_0] = v67;
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -572,110 +533,97 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
         for (int64_t i14 = v11; i14 < v13; i14++) {
             float l15 = 0;
             float l16 = 0;
+            float l17 = 0;
+            float l18 = 0;
             {
-                float lane18[16];
-                for (int l = 0; l < 16; l++) lane18[l] = l ? 0 : l16;
-                int64_t r19 = v2;
-                for (; r19 + 16 <= v6; r19 += 16) {
+                float lane20[16];
+                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
+                float lane21[16];
+                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v2;
+                for (; r22 + 16 <= v6; r22 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i17 = r19 + l;
-                        const float v20 = x[ro_x[i14] + i17];
-                        const float v21 = v20 * v20;
-                        lane18[l] += v21;
+                        const int64_t i19 = r22 + l;
+                        const float v23 = x[ro_x[i14] + i19];
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = grad_y[ro_grad_y[i14] + i19];
+                        const float v26 = w[i19];
+                        const float v27 = v25 * v26;
+                        const float v28 = x[ro_x[i14] + i19];
+                        const float v29 = v27 * v28;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r19 + l < v6; l++) {
+                for (int l = 0; r22 + l < v6; l++) {
                     {
-                        const int64_t i17 = r19 + l;
-                        const float v22 = x[ro_x[i14] + i17];
-                        const float v23 = v22 * v22;
-                        lane18[l] += v23;
-                    }
-                }
-                for (int l = 0; l < 8; l++) lane18[l] += lane18[l + 8];
-                for (int l = 0; l < 4; l++) lane18[l] += lane18[l + 4];
-                for (int l = 0; l < 2; l++) lane18[l] += lane18[l + 2];
-                for (int l = 0; l < 1; l++) lane18[l] += lane18[l + 1];
-                l16 = lane18[0];
-            }
-            const float v24 = l16;
-            l15 = v24;
-            float l25 = 0;
-            float l26 = 0;
-            {
-                float lane28[16];
-                for (int l = 0; l < 16; l++) lane28[l] = l ? 0 : l26;
-                int64_t r29 = v2;
-                for (; r29 + 16 <= v6; r29 += 16) {
-                    for (int l = 0; l < 16; l++) {
-                        const int64_t i27 = r29 + l;
-                        const float v30 = grad_y[ro_grad_y[i14] + i27];
-                        const float v31 = w[i27];
-                        const float v32 = v30 * v31;
-                        const float v33 = x[ro_x[i14] + i27];
+                        const int64_t i19 = r22 + l;
+                        const float v30 = x[ro_x[i14] + i19];
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = grad_y[ro_grad_y[i14] + i19];
+                        const float v33 = w[i19];
                         const float v34 = v32 * v33;
-                        lane28[l] += v34;
+                        const float v35 = x[ro_x[i14] + i19];
+                        const float v36 = v34 * v35;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; r29 + l < v6; l++) {
-                    {
-                        const int64_t i27 = r29 + l;
-                        const float v35 = grad_y[ro_grad_y[i14] + i27];
-                        const float v36 = w[i27];
-                        const float v37 = v35 * v36;
-                        const float v38 = x[ro_x[i14] + i27];
-                        const float v39 = v37 * v38;
-                        lane28[l] += v39;
-                    }
-                }
-                for (int l = 0; l < 8; l++) lane28[l] += lane28[l + 8];
-                for (int l = 0; l < 4; l++) lane28[l] += lane28[l + 4];
-                for (int l = 0; l < 2; l++) lane28[l] += lane28[l + 2];
-                for (int l = 0; l < 1; l++) lane28[l] += lane28[l + 1];
-                l26 = lane28[0];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v40 = l26;
-            l25 = v40;
-            for (int64_t i41 = v2; i41 < v6; i41++) {
-                const float v42 = grad_y[ro_grad_y[i14] + i41];
-                const float v43 = x[ro_x[i14] + i41];
-                const float v44 = v42 * v43;
-                const float v45 = l15;
-                const float v46 = v45 / v7;
-                const float v47 = v46 + v8;
-                const float v48 = 1.0f / sqrtf(v47);
-                const float v49 = v44 * v48;
-                l10[i41] += v49;
-                const float v50 = w[i41];
-                const float v51 = v42 * v50;
-                const float v52 = v51 * v48;
-                const float v53 = l25;
-                const float v54 = v53 / v7;
-                const float v55 = v54 * v48;
-                const float v56 = v55 * v48;
-                const float v57 = v56 * v48;
-                const float v58 = v43 * v57;
-                const float v59 = v52 - v58;
-                grad_x[ro_grad_x[i14] + i41] = v59;
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            for (int64_t i39 = v2; i39 < v6; i39++) {
+                const float v40 = grad_y[ro_grad_y[i14] + i39];
+                const float v41 = x[ro_x[i14] + i39];
+                const float v42 = v40 * v41;
+                const float v43 = l15;
+                const float v44 = v43 / v7;
+                const float v45 = v44 + v8;
+                const float v46 = 1.0f / sqrtf(v45);
+                const float v47 = v42 * v46;
+                l10[i39] += v47;
+                const float v48 = w[i39];
+                const float v49 = v40 * v48;
+                const float v50 = v49 * v46;
+                const float v51 = l17;
+                const float v52 = v51 / v7;
+                const float v53 = v52 * v46;
+                const float v54 = v53 * v46;
+                const float v55 = v54 * v46;
+                const float v56 = v41 * v55;
+                const float v57 = v50 - v56;
+                grad_x[ro_grad_x[i14] + i39] = v57;
             }
         }
-        for (int64_t i60 = v2; i60 < v6; i60++) {
-            const float v61 = l10[i60];
-            t1[i9 * d_D + i60] = v61;
+        for (int64_t i58 = v2; i58 < v6; i58++) {
+            const float v59 = l10[i58];
+            t1[i9 * d_D + i58] = v59;
         }
     }
-    const int64_t v62 = 0ll;
-    const int64_t v63 = d_D;
-    const int64_t v64 = ((d_N + 31) / 32);
+    const int64_t v60 = 0ll;
+    const int64_t v61 = d_D;
+    const int64_t v62 = ((d_N + 31) / 32);
     #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v62; i65 < v63; i65++) {
-        float l66 = 0;
-        for (int64_t i67 = v62; i67 < v64; i67++) {
-            const float v68 = t1[i67 * d_D + i65];
-            l66 += v68;
+    for (int64_t i63 = v60; i63 < v61; i63++) {
+        float l64 = 0;
+        for (int64_t i65 = v60; i65 < v62; i65++) {
+            const float v66 = t1[i65 * d_D + i63];
+            l64 += v66;
         }
-        const float v69 = l66;
-        grad_w[i65] = v69;
+        const float v67 = l64;
+        grad_w[i63] = v67;
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -763,110 +711,97 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
         for (int64_t i14 = v11; i14 < v13; i14++) {
             float l15 = 0;
             float l16 = 0;
+            float l17 = 0;
+            float l18 = 0;
             {
-                float lane18[16];
-                for (int l = 0; l < 16; l++) lane18[l] = l ? 0 : l16;
-                int64_t r19 = v2;
-                for (; r19 + 16 <= v6; r19 += 16) {
+                float lane20[16];
+                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
+                float lane21[16];
+                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v2;
+                for (; r22 + 16 <= v6; r22 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i17 = r19 + l;
-                        const float v20 = opgen_bf16_to_f32(x[ro_x[i14] + i17]);
-                        const float v21 = v20 * v20;
-                        lane18[l] += v21;
+                        const int64_t i19 = r22 + l;
+                        const float v23 = opgen_bf16_to_f32(x[ro_x[i14] + i19]);
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i19]);
+                        const float v26 = opgen_bf16_to_f32(w[i19 * st_w_0]);
+                        const float v27 = v25 * v26;
+                        const float v28 = opgen_bf16_to_f32(x[ro_x[i14] + i19]);
+                        const float v29 = v27 * v28;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r19 + l < v6; l++) {
+                for (int l = 0; r22 + l < v6; l++) {
                     {
-                        const int64_t i17 = r19 + l;
-                        const float v22 = opgen_bf16_to_f32(x[ro_x[i14] + i17]);
-                        const float v23 = v22 * v22;
-                        lane18[l] += v23;
-                    }
-                }
-                for (int l = 0; l < 8; l++) lane18[l] += lane18[l + 8];
-                for (int l = 0; l < 4; l++) lane18[l] += lane18[l + 4];
-                for (int l = 0; l < 2; l++) lane18[l] += lane18[l + 2];
-                for (int l = 0; l < 1; l++) lane18[l] += lane18[l + 1];
-                l16 = lane18[0];
-            }
-            const float v24 = l16;
-            l15 = v24;
-            float l25 = 0;
-            float l26 = 0;
-            {
-                float lane28[16];
-                for (int l = 0; l < 16; l++) lane28[l] = l ? 0 : l26;
-                int64_t r29 = v2;
-                for (; r29 + 16 <= v6; r29 += 16) {
-                    for (int l = 0; l < 16; l++) {
-                        const int64_t i27 = r29 + l;
-                        const float v30 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i27]);
-                        const float v31 = opgen_bf16_to_f32(w[i27 * st_w_0]);
-                        const float v32 = v30 * v31;
-                        const float v33 = opgen_bf16_to_f32(x[ro_x[i14] + i27]);
+                        const int64_t i19 = r22 + l;
+                        const float v30 = opgen_bf16_to_f32(x[ro_x[i14] + i19]);
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i19]);
+                        const float v33 = opgen_bf16_to_f32(w[i19 * st_w_0]);
                         const float v34 = v32 * v33;
-                        lane28[l] += v34;
+                        const float v35 = opgen_bf16_to_f32(x[ro_x[i14] + i19]);
+                        const float v36 = v34 * v35;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; r29 + l < v6; l++) {
-                    {
-                        const int64_t i27 = r29 + l;
-                        const float v35 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i27]);
-                        const float v36 = opgen_bf16_to_f32(w[i27 * st_w_0]);
-                        const float v37 = v35 * v36;
-                        const float v38 = opgen_bf16_to_f32(x[ro_x[i14] + i27]);
-                        const float v39 = v37 * v38;
-                        lane28[l] += v39;
-                    }
-                }
-                for (int l = 0; l < 8; l++) lane28[l] += lane28[l + 8];
-                for (int l = 0; l < 4; l++) lane28[l] += lane28[l + 4];
-                for (int l = 0; l < 2; l++) lane28[l] += lane28[l + 2];
-                for (int l = 0; l < 1; l++) lane28[l] += lane28[l + 1];
-                l26 = lane28[0];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v40 = l26;
-            l25 = v40;
-            for (int64_t i41 = v2; i41 < v6; i41++) {
-                const float v42 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i41]);
-                const float v43 = opgen_bf16_to_f32(x[ro_x[i14] + i41]);
-                const float v44 = v42 * v43;
-                const float v45 = l15;
-                const float v46 = v45 / v7;
-                const float v47 = v46 + v8;
-                const float v48 = 1.0f / sqrtf(v47);
-                const float v49 = v44 * v48;
-                l10[i41] += v49;
-                const float v50 = opgen_bf16_to_f32(w[i41 * st_w_0]);
-                const float v51 = v42 * v50;
-                const float v52 = v51 * v48;
-                const float v53 = l25;
-                const float v54 = v53 / v7;
-                const float v55 = v54 * v48;
-                const float v56 = v55 * v48;
-                const float v57 = v56 * v48;
-                const float v58 = v43 * v57;
-                const float v59 = v52 - v58;
-                grad_x[ro_grad_x[i14] + i41] = opgen_f32_to_bf16(v59);
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            for (int64_t i39 = v2; i39 < v6; i39++) {
+                const float v40 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i39]);
+                const float v41 = opgen_bf16_to_f32(x[ro_x[i14] + i39]);
+                const float v42 = v40 * v41;
+                const float v43 = l15;
+                const float v44 = v43 / v7;
+                const float v45 = v44 + v8;
+                const float v46 = 1.0f / sqrtf(v45);
+                const float v47 = v42 * v46;
+                l10[i39] += v47;
+                const float v48 = opgen_bf16_to_f32(w[i39 * st_w_0]);
+                const float v49 = v40 * v48;
+                const float v50 = v49 * v46;
+                const float v51 = l17;
+                const float v52 = v51 / v7;
+                const float v53 = v52 * v46;
+                const float v54 = v53 * v46;
+                const float v55 = v54 * v46;
+                const float v56 = v41 * v55;
+                const float v57 = v50 - v56;
+                grad_x[ro_grad_x[i14] + i39] = opgen_f32_to_bf16(v57);
             }
         }
-        for (int64_t i60 = v2; i60 < v6; i60++) {
-            const float v61 = l10[i60];
-            t1[i9 * d_D + i60] = v61;
+        for (int64_t i58 = v2; i58 < v6; i58++) {
+            const float v59 = l10[i58];
+            t1[i9 * d_D + i58] = v59;
         }
     }
-    const int64_t v62 = 0ll;
-    const int64_t v63 = d_D;
-    const int64_t v64 = ((d_N + 31) / 32);
+    const int64_t v60 = 0ll;
+    const int64_t v61 = d_D;
+    const int64_t v62 = ((d_N + 31) / 32);
     #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v62; i65 < v63; i65++) {
-        float l66 = 0;
-        for (int64_t i67 = v62; i67 < v64; i67++) {
-            const float v68 = t1[i67 * d_D + i65];
-            l66 += v68;
+    for (int64_t i63 = v60; i63 < v61; i63++) {
+        float l64 = 0;
+        for (int64_t i65 = v60; i65 < v62; i65++) {
+            const float v66 = t1[i65 * d_D + i63];
+            l64 += v66;
         }
-        const float v69 = l66;
-        grad_w[i65 * st_grad_w_0] = opgen_f32_to_bf16(v69);
+        const float v67 = l64;
+        grad_w[i63 * st_grad_w_0] = opgen_f32_to_bf16(v67);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -913,110 +848,97 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
         for (int64_t i14 = v11; i14 < v13; i14++) {
             float l15 = 0;
             float l16 = 0;
+            float l17 = 0;
+            float l18 = 0;
             {
-                float lane18[16];
-                for (int l = 0; l < 16; l++) lane18[l] = l ? 0 : l16;
-                int64_t r19 = v2;
-                for (; r19 + 16 <= v6; r19 += 16) {
+                float lane20[16];
+                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
+                float lane21[16];
+                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v2;
+                for (; r22 + 16 <= v6; r22 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i17 = r19 + l;
-                        const float v20 = opgen_bf16_to_f32(x[ro_x[i14] + i17]);
-                        const float v21 = v20 * v20;
-                        lane18[l] += v21;
+                        const int64_t i19 = r22 + l;
+                        const float v23 = opgen_bf16_to_f32(x[ro_x[i14] + i19]);
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i19]);
+                        const float v26 = opgen_bf16_to_f32(w[i19]);
+                        const float v27 = v25 * v26;
+                        const float v28 = opgen_bf16_to_f32(x[ro_x[i14] + i19]);
+                        const float v29 = v27 * v28;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r19 + l < v6; l++) {
+                for (int l = 0; r22 + l < v6; l++) {
                     {
-                        const int64_t i17 = r19 + l;
-                        const float v22 = opgen_bf16_to_f32(x[ro_x[i14] + i17]);
-                        const float v23 = v22 * v22;
-                        lane18[l] += v23;
-                    }
-                }
-                for (int l = 0; l < 8; l++) lane18[l] += lane18[l + 8];
-                for (int l = 0; l < 4; l++) lane18[l] += lane18[l + 4];
-                for (int l = 0; l < 2; l++) lane18[l] += lane18[l + 2];
-                for (int l = 0; l < 1; l++) lane18[l] += lane18[l + 1];
-                l16 = lane18[0];
-            }
-            const float v24 = l16;
-            l15 = v24;
-            float l25 = 0;
-            float l26 = 0;
-            {
-                float lane28[16];
-                for (int l = 0; l < 16; l++) lane28[l] = l ? 0 : l26;
-                int64_t r29 = v2;
-                for (; r29 + 16 <= v6; r29 += 16) {
-                    for (int l = 0; l < 16; l++) {
-                        const int64_t i27 = r29 + l;
-                        const float v30 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i27]);
-                        const float v31 = opgen_bf16_to_f32(w[i27]);
-                        const float v32 = v30 * v31;
-                        const float v33 = opgen_bf16_to_f32(x[ro_x[i14] + i27]);
+                        const int64_t i19 = r22 + l;
+                        const float v30 = opgen_bf16_to_f32(x[ro_x[i14] + i19]);
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i19]);
+                        const float v33 = opgen_bf16_to_f32(w[i19]);
                         const float v34 = v32 * v33;
-                        lane28[l] += v34;
+                        const float v35 = opgen_bf16_to_f32(x[ro_x[i14] + i19]);
+                        const float v36 = v34 * v35;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; r29 + l < v6; l++) {
-                    {
-                        const int64_t i27 = r29 + l;
-                        const float v35 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i27]);
-                        const float v36 = opgen_bf16_to_f32(w[i27]);
-                        const float v37 = v35 * v36;
-                        const float v38 = opgen_bf16_to_f32(x[ro_x[i14] + i27]);
-                        const float v39 = v37 * v38;
-                        lane28[l] += v39;
-                    }
-                }
-                for (int l = 0; l < 8; l++) lane28[l] += lane28[l + 8];
-                for (int l = 0; l < 4; l++) lane28[l] += lane28[l + 4];
-                for (int l = 0; l < 2; l++) lane28[l] += lane28[l + 2];
-                for (int l = 0; l < 1; l++) lane28[l] += lane28[l + 1];
-                l26 = lane28[0];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v40 = l26;
-            l25 = v40;
-            for (int64_t i41 = v2; i41 < v6; i41++) {
-                const float v42 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i41]);
-                const float v43 = opgen_bf16_to_f32(x[ro_x[i14] + i41]);
-                const float v44 = v42 * v43;
-                const float v45 = l15;
-                const float v46 = v45 / v7;
-                const float v47 = v46 + v8;
-                const float v48 = 1.0f / sqrtf(v47);
-                const float v49 = v44 * v48;
-                l10[i41] += v49;
-                const float v50 = opgen_bf16_to_f32(w[i41]);
-                const float v51 = v42 * v50;
-                const float v52 = v51 * v48;
-                const float v53 = l25;
-                const float v54 = v53 / v7;
-                const float v55 = v54 * v48;
-                const float v56 = v55 * v48;
-                const float v57 = v56 * v48;
-                const float v58 = v43 * v57;
-                const float v59 = v52 - v58;
-                grad_x[ro_grad_x[i14] + i41] = opgen_f32_to_bf16(v59);
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            for (int64_t i39 = v2; i39 < v6; i39++) {
+                const float v40 = opgen_bf16_to_f32(grad_y[ro_grad_y[i14] + i39]);
+                const float v41 = opgen_bf16_to_f32(x[ro_x[i14] + i39]);
+                const float v42 = v40 * v41;
+                const float v43 = l15;
+                const float v44 = v43 / v7;
+                const float v45 = v44 + v8;
+                const float v46 = 1.0f / sqrtf(v45);
+                const float v47 = v42 * v46;
+                l10[i39] += v47;
+                const float v48 = opgen_bf16_to_f32(w[i39]);
+                const float v49 = v40 * v48;
+                const float v50 = v49 * v46;
+                const float v51 = l17;
+                const float v52 = v51 / v7;
+                const float v53 = v52 * v46;
+                const float v54 = v53 * v46;
+                const float v55 = v54 * v46;
+                const float v56 = v41 * v55;
+                const float v57 = v50 - v56;
+                grad_x[ro_grad_x[i14] + i39] = opgen_f32_to_bf16(v57);
             }
         }
-        for (int64_t i60 = v2; i60 < v6; i60++) {
-            const float v61 = l10[i60];
-            t1[i9 * d_D + i60] = v61;
+        for (int64_t i58 = v2; i58 < v6; i58++) {
+            const float v59 = l10[i58];
+            t1[i9 * d_D + i58] = v59;
         }
     }
-    const int64_t v62 = 0ll;
-    const int64_t v63 = d_D;
-    const int64_t v64 = ((d_N + 31) / 32);
+    const int64_t v60 = 0ll;
+    const int64_t v61 = d_D;
+    const int64_t v62 = ((d_N + 31) / 32);
     #pragma omp parallel for schedule(static)
-    for (int64_t i65 = v62; i65 < v63; i65++) {
-        float l66 = 0;
-        for (int64_t i67 = v62; i67 < v64; i67++) {
-            const float v68 = t1[i67 * d_D + i65];
-            l66 += v68;
+    for (int64_t i63 = v60; i63 < v61; i63++) {
+        float l64 = 0;
+        for (int64_t i65 = v60; i65 < v62; i65++) {
+            const float v66 = t1[i65 * d_D + i63];
+            l64 += v66;
         }
-        const float v69 = l66;
-        grad_w[i65] = opgen_f32_to_bf16(v69);
+        const float v67 = l64;
+        grad_w[i63] = opgen_f32_to_bf16(v67);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;

@@ -33,62 +33,58 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
         for (int64_t i15 = v12; i15 < v14; i15++) {
             float l16 = (float)0;
             float l17 = (float)0;
+            float l18 = (float)0;
+            float l19 = (float)0;
             {
-                float part19 = threadIdx.x == 0 ? l17 : (float)0;
-                for (int64_t i18 = v2 + (int64_t)threadIdx.x; i18 < v6; i18 += OPGEN_CUDA_THREADS) {
-                    const float v20 = opgen_f16_to_f32(x[ro_x[i15] + i18]);
-                    const float v21 = v20 * v20;
-                    part19 += v21;
-                }
-                l17 = opgen_block_reduce<0, float>(part19);
-            }
-            const float v22 = l17;
-            l16 = v22;
-            float l23 = (float)0;
-            float l24 = (float)0;
-            {
-                float part26 = threadIdx.x == 0 ? l24 : (float)0;
-                for (int64_t i25 = v2 + (int64_t)threadIdx.x; i25 < v6; i25 += OPGEN_CUDA_THREADS) {
-                    const float v27 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i25]);
-                    const float v28 = opgen_f16_to_f32(w[i25 * st_w_0]);
+                float part21 = threadIdx.x == 0 ? l17 : (float)0;
+                float part22 = threadIdx.x == 0 ? l19 : (float)0;
+                for (int64_t i20 = v2 + (int64_t)threadIdx.x; i20 < v6; i20 += OPGEN_CUDA_THREADS) {
+                    const float v23 = opgen_f16_to_f32(x[ro_x[i15] + i20]);
+                    const float v24 = v23 * v23;
+                    part21 += v24;
+                    const float v25 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i20]);
+                    const float v26 = opgen_f16_to_f32(w[i20 * st_w_0]);
+                    const float v27 = v25 * v26;
+                    const float v28 = opgen_f16_to_f32(x[ro_x[i15] + i20]);
                     const float v29 = v27 * v28;
-                    const float v30 = opgen_f16_to_f32(x[ro_x[i15] + i25]);
-                    const float v31 = v29 * v30;
-                    part26 += v31;
+                    part22 += v29;
                 }
-                l24 = opgen_block_reduce<0, float>(part26);
+                l17 = opgen_block_reduce<0, float>(part21);
+                l19 = opgen_block_reduce<0, float>(part22);
             }
-            const float v32 = l24;
-            l23 = v32;
+            const float v30 = l17;
+            l16 = v30;
+            const float v31 = l19;
+            l18 = v31;
             __syncthreads();
-            for (int64_t i33 = v2 + (int64_t)threadIdx.x; i33 < v6; i33 += OPGEN_CUDA_THREADS) {
-                const float v34 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i33]);
-                const float v35 = opgen_f16_to_f32(x[ro_x[i15] + i33]);
-                const float v36 = v34 * v35;
-                const float v37 = l16;
-                const float v38 = v37 / v7;
-                const float v39 = v38 + v8;
-                const float v40 = 1.0f / sqrtf(v39);
-                const float v41 = v36 * v40;
-                l10[i33] += v41;
-                const float v42 = opgen_f16_to_f32(w[i33 * st_w_0]);
-                const float v43 = v34 * v42;
-                const float v44 = v43 * v40;
-                const float v45 = l23;
-                const float v46 = v45 / v7;
-                const float v47 = v46 * v40;
-                const float v48 = v47 * v40;
-                const float v49 = v48 * v40;
-                const float v50 = v35 * v49;
-                const float v51 = v44 - v50;
-                grad_x[ro_grad_x[i15] + i33] = opgen_f32_to_f16(v51);
+            for (int64_t i32 = v2 + (int64_t)threadIdx.x; i32 < v6; i32 += OPGEN_CUDA_THREADS) {
+                const float v33 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i32]);
+                const float v34 = opgen_f16_to_f32(x[ro_x[i15] + i32]);
+                const float v35 = v33 * v34;
+                const float v36 = l16;
+                const float v37 = v36 / v7;
+                const float v38 = v37 + v8;
+                const float v39 = 1.0f / sqrtf(v38);
+                const float v40 = v35 * v39;
+                l10[i32] += v40;
+                const float v41 = opgen_f16_to_f32(w[i32 * st_w_0]);
+                const float v42 = v33 * v41;
+                const float v43 = v42 * v39;
+                const float v44 = l18;
+                const float v45 = v44 / v7;
+                const float v46 = v45 * v39;
+                const float v47 = v46 * v39;
+                const float v48 = v47 * v39;
+                const float v49 = v34 * v48;
+                const float v50 = v43 - v49;
+                grad_x[ro_grad_x[i15] + i32] = opgen_f32_to_f16(v50);
             }
             __syncthreads();
         }
         __syncthreads();
-        for (int64_t i52 = v2 + (int64_t)threadIdx.x; i52 < v6; i52 += OPGEN_CUDA_THREADS) {
-            const float v53 = l10[i52];
-            t1[i9 * d_D + i52] = v53;
+        for (int64_t i51 = v2 + (int64_t)threadIdx.x; i51 < v6; i51 += OPGEN_CUDA_THREADS) {
+            const float v52 = l10[i51];
+            t1[i9 * d_D + i51] = v52;
         }
         __syncthreads();
     }
@@ -101,26 +97,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v54 = 0ll;
-    const int64_t v55 = d_D;
-    const int64_t v56 = ((d_N + 31) / 32);
-    for (int64_t i57 = v54 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i57 < v55; i57 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l58 = (float)0;
-        for (int64_t i59 = v54; i59 < v56; i59++) {
-            const float v60 = t1[i59 * d_D + i57];
-            l58 += v60;
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_D;
+    const int64_t v55 = ((d_N + 31) / 32);
+    for (int64_t i56 = v53 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i56 < v54; i56 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l57 = (float)0;
+        for (int64_t i58 = v53; i58 < v55; i58++) {
+            const float v59 = t1[i58 * d_D + i56];
+            l57 += v59;
         }
-        const float v61 = l58;
-        grad_w[i57 * st_grad_w_0] = opgen_f32_to_f16(v61);
+        const float v60 = l57;
+        grad_w[i56 * st_grad_w_0] = opgen_f32_to_f16(v60);
     }
 }
 
 static void k_rms_norm_backward_f16_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v62 = 0ll;
-    const int64_t v63 = ((d_N + 31) / 32);
-    const int64_t g0 = opgen_cuda_grid(v63 - v62, opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t v61 = 0ll;
+    const int64_t v62 = ((d_N + 31) / 32);
+    const int64_t g0 = opgen_cuda_grid(v62 - v61, opgen_align(sizeof(float) * (size_t)d_D));
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
@@ -154,14 +150,14 @@ static opgen_status_t k_rms_norm_backward_f16(const opgen_buf_t *bufs, const int
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v64 = 0ll;
-    const int64_t v65 = ((d_N + 31) / 32);
-    const int64_t v66 = 0ll;
-    const int64_t v67 = d_D;
-    const int64_t grid68 = opgen_cuda_grid(v65 - v64, opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid68 > 0) k_rms_norm_backward_f16_k0<<<(unsigned)grid68, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid69 = opgen_cuda_grid((v67 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid69 > 0) k_rms_norm_backward_f16_k1<<<(unsigned)grid69, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v63 = 0ll;
+    const int64_t v64 = ((d_N + 31) / 32);
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_D;
+    const int64_t grid67 = opgen_cuda_grid(v64 - v63, opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid67 > 0) k_rms_norm_backward_f16_k0<<<(unsigned)grid67, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid68 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid68 > 0) k_rms_norm_backward_f16_k1<<<(unsigned)grid68, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f16");
 }
 
@@ -197,62 +193,58 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
         for (int64_t i15 = v12; i15 < v14; i15++) {
             float l16 = (float)0;
             float l17 = (float)0;
+            float l18 = (float)0;
+            float l19 = (float)0;
             {
-                float part19 = threadIdx.x == 0 ? l17 : (float)0;
-                for (int64_t i18 = v2 + (int64_t)threadIdx.x; i18 < v6; i18 += OPGEN_CUDA_THREADS) {
-                    const float v20 = x[ro_x[i15] + i18];
-                    const float v21 = v20 * v20;
-                    part19 += v21;
-                }
-                l17 = opgen_block_reduce<0, float>(part19);
-            }
-            const float v22 = l17;
-            l16 = v22;
-            float l23 = (float)0;
-            float l24 = (float)0;
-            {
-                float part26 = threadIdx.x == 0 ? l24 : (float)0;
-                for (int64_t i25 = v2 + (int64_t)threadIdx.x; i25 < v6; i25 += OPGEN_CUDA_THREADS) {
-                    const float v27 = grad_y[ro_grad_y[i15] + i25];
-                    const float v28 = w[i25 * st_w_0];
+                float part21 = threadIdx.x == 0 ? l17 : (float)0;
+                float part22 = threadIdx.x == 0 ? l19 : (float)0;
+                for (int64_t i20 = v2 + (int64_t)threadIdx.x; i20 < v6; i20 += OPGEN_CUDA_THREADS) {
+                    const float v23 = x[ro_x[i15] + i20];
+                    const float v24 = v23 * v23;
+                    part21 += v24;
+                    const float v25 = grad_y[ro_grad_y[i15] + i20];
+                    const float v26 = w[i20 * st_w_0];
+                    const float v27 = v25 * v26;
+                    const float v28 = x[ro_x[i15] + i20];
                     const float v29 = v27 * v28;
-                    const float v30 = x[ro_x[i15] + i25];
-                    const float v31 = v29 * v30;
-                    part26 += v31;
+                    part22 += v29;
                 }
-                l24 = opgen_block_reduce<0, float>(part26);
+                l17 = opgen_block_reduce<0, float>(part21);
+                l19 = opgen_block_reduce<0, float>(part22);
             }
-            const float v32 = l24;
-            l23 = v32;
+            const float v30 = l17;
+            l16 = v30;
+            const float v31 = l19;
+            l18 = v31;
             __syncthreads();
-            for (int64_t i33 = v2 + (int64_t)threadIdx.x; i33 < v6; i33 += OPGEN_CUDA_THREADS) {
-                const float v34 = grad_y[ro_grad_y[i15] + i33];
-                const float v35 = x[ro_x[i15] + i33];
-                const float v36 = v34 * v35;
-                const float v37 = l16;
-                const float v38 = v37 / v7;
-                const float v39 = v38 + v8;
-                const float v40 = 1.0f / sqrtf(v39);
-                const float v41 = v36 * v40;
-                l10[i33] += v41;
-                const float v42 = w[i33 * st_w_0];
-                const float v43 = v34 * v42;
-                const float v44 = v43 * v40;
-                const float v45 = l23;
-                const float v46 = v45 / v7;
-                const float v47 = v46 * v40;
-                const float v48 = v47 * v40;
-                const float v49 = v48 * v40;
-                const float v50 = v35 * v49;
-                const float v51 = v44 - v50;
-                grad_x[ro_grad_x[i15] + i33] = v51;
+            for (int64_t i32 = v2 + (int64_t)threadIdx.x; i32 < v6; i32 += OPGEN_CUDA_THREADS) {
+                const float v33 = grad_y[ro_grad_y[i15] + i32];
+                const float v34 = x[ro_x[i15] + i32];
+                const float v35 = v33 * v34;
+                const float v36 = l16;
+                const float v37 = v36 / v7;
+                const float v38 = v37 + v8;
+                const float v39 = 1.0f / sqrtf(v38);
+                const float v40 = v35 * v39;
+                l10[i32] += v40;
+                const float v41 = w[i32 * st_w_0];
+                const float v42 = v33 * v41;
+                const float v43 = v42 * v39;
+                const float v44 = l18;
+                const float v45 = v44 / v7;
+                const float v46 = v45 * v39;
+                const float v47 = v46 * v39;
+                const float v48 = v47 * v39;
+                const float v49 = v34 * v48;
+                const float v50 = v43 - v49;
+                grad_x[ro_grad_x[i15] + i32] = v50;
             }
             __syncthreads();
         }
         __syncthreads();
-        for (int64_t i52 = v2 + (int64_t)threadIdx.x; i52 < v6; i52 += OPGEN_CUDA_THREADS) {
-            const float v53 = l10[i52];
-            t1[i9 * d_D + i52] = v53;
+        for (int64_t i51 = v2 + (int64_t)threadIdx.x; i51 < v6; i51 += OPGEN_CUDA_THREADS) {
+            const float v52 = l10[i51];
+            t1[i9 * d_D + i51] = v52;
         }
         __syncthreads();
     }
@@ -265,26 +257,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v54 = 0ll;
-    const int64_t v55 = d_D;
-    const int64_t v56 = ((d_N + 31) / 32);
-    for (int64_t i57 = v54 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i57 < v55; i57 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l58 = (float)0;
-        for (int64_t i59 = v54; i59 < v56; i59++) {
-            const float v60 = t1[i59 * d_D + i57];
-            l58 += v60;
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_D;
+    const int64_t v55 = ((d_N + 31) / 32);
+    for (int64_t i56 = v53 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i56 < v54; i56 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l57 = (float)0;
+        for (int64_t i58 = v53; i58 < v55; i58++) {
+            const float v59 = t1[i58 * d_D + i56];
+            l57 += v59;
         }
-        const float v61 = l58;
-        grad_w[i57 * st_grad_w_0] = v61;
+        const float v60 = l57;
+        grad_w[i56 * st_grad_w_0] = v60;
     }
 }
 
 static void k_rms_norm_backward_f32_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v62 = 0ll;
-    const int64_t v63 = ((d_N + 31) / 32);
-    const int64_t g0 = opgen_cuda_grid(v63 - v62, opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t v61 = 0ll;
+    const int64_t v62 = ((d_N + 31) / 32);
+    const int64_t g0 = opgen_cuda_grid(v62 - v61, opgen_align(sizeof(float) * (size_t)d_D));
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
@@ -318,14 +310,14 @@ static opgen_status_t k_rms_norm_backward_f32(const opgen_buf_t *bufs, const int
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v64 = 0ll;
-    const int64_t v65 = ((d_N + 31) / 32);
-    const int64_t v66 = 0ll;
-    const int64_t v67 = d_D;
-    const int64_t grid68 = opgen_cuda_grid(v65 - v64, opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid68 > 0) k_rms_norm_backward_f32_k0<<<(unsigned)grid68, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid69 = opgen_cuda_grid((v67 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid69 > 0) k_rms_norm_backward_f32_k1<<<(unsigned)grid69, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v63 = 0ll;
+    const int64_t v64 = ((d_N + 31) / 32);
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_D;
+    const int64_t grid67 = opgen_cuda_grid(v64 - v63, opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid67 > 0) k_rms_norm_backward_f32_k0<<<(unsigned)grid67, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid68 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid68 > 0) k_rms_norm_backward_f32_k1<<<(unsigned)grid68, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f32");
 }
 
@@ -361,62 +353,58 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
         for (int64_t i15 = v12; i15 < v14; i15++) {
             float l16 = (float)0;
             float l17 = (float)0;
+            float l18 = (float)0;
+            float l19 = (float)0;
             {
-                float part19 = threadIdx.x == 0 ? l17 : (float)0;
-                for (int64_t i18 = v2 + (int64_t)threadIdx.x; i18 < v6; i18 += OPGEN_CUDA_THREADS) {
-                    const float v20 = opgen_bf16_to_f32(x[ro_x[i15] + i18]);
-                    const float v21 = v20 * v20;
-                    part19 += v21;
-                }
-                l17 = opgen_block_reduce<0, float>(part19);
-            }
-            const float v22 = l17;
-            l16 = v22;
-            float l23 = (float)0;
-            float l24 = (float)0;
-            {
-                float part26 = threadIdx.x == 0 ? l24 : (float)0;
-                for (int64_t i25 = v2 + (int64_t)threadIdx.x; i25 < v6; i25 += OPGEN_CUDA_THREADS) {
-                    const float v27 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i25]);
-                    const float v28 = opgen_bf16_to_f32(w[i25 * st_w_0]);
+                float part21 = threadIdx.x == 0 ? l17 : (float)0;
+                float part22 = threadIdx.x == 0 ? l19 : (float)0;
+                for (int64_t i20 = v2 + (int64_t)threadIdx.x; i20 < v6; i20 += OPGEN_CUDA_THREADS) {
+                    const float v23 = opgen_bf16_to_f32(x[ro_x[i15] + i20]);
+                    const float v24 = v23 * v23;
+                    part21 += v24;
+                    const float v25 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i20]);
+                    const float v26 = opgen_bf16_to_f32(w[i20 * st_w_0]);
+                    const float v27 = v25 * v26;
+                    const float v28 = opgen_bf16_to_f32(x[ro_x[i15] + i20]);
                     const float v29 = v27 * v28;
-                    const float v30 = opgen_bf16_to_f32(x[ro_x[i15] + i25]);
-                    const float v31 = v29 * v30;
-                    part26 += v31;
+                    part22 += v29;
                 }
-                l24 = opgen_block_reduce<0, float>(part26);
+                l17 = opgen_block_reduce<0, float>(part21);
+                l19 = opgen_block_reduce<0, float>(part22);
             }
-            const float v32 = l24;
-            l23 = v32;
+            const float v30 = l17;
+            l16 = v30;
+            const float v31 = l19;
+            l18 = v31;
             __syncthreads();
-            for (int64_t i33 = v2 + (int64_t)threadIdx.x; i33 < v6; i33 += OPGEN_CUDA_THREADS) {
-                const float v34 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i33]);
-                const float v35 = opgen_bf16_to_f32(x[ro_x[i15] + i33]);
-                const float v36 = v34 * v35;
-                const float v37 = l16;
-                const float v38 = v37 / v7;
-                const float v39 = v38 + v8;
-                const float v40 = 1.0f / sqrtf(v39);
-                const float v41 = v36 * v40;
-                l10[i33] += v41;
-                const float v42 = opgen_bf16_to_f32(w[i33 * st_w_0]);
-                const float v43 = v34 * v42;
-                const float v44 = v43 * v40;
-                const float v45 = l23;
-                const float v46 = v45 / v7;
-                const float v47 = v46 * v40;
-                const float v48 = v47 * v40;
-                const float v49 = v48 * v40;
-                const float v50 = v35 * v49;
-                const float v51 = v44 - v50;
-                grad_x[ro_grad_x[i15] + i33] = opgen_f32_to_bf16(v51);
+            for (int64_t i32 = v2 + (int64_t)threadIdx.x; i32 < v6; i32 += OPGEN_CUDA_THREADS) {
+                const float v33 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i32]);
+                const float v34 = opgen_bf16_to_f32(x[ro_x[i15] + i32]);
+                const float v35 = v33 * v34;
+                const float v36 = l16;
+                const float v37 = v36 / v7;
+                const float v38 = v37 + v8;
+                const float v39 = 1.0f / sqrtf(v38);
+                const float v40 = v35 * v39;
+                l10[i32] += v40;
+                const float v41 = opgen_bf16_to_f32(w[i32 * st_w_0]);
+                const float v42 = v33 * v41;
+                const float v43 = v42 * v39;
+                const float v44 = l18;
+                const float v45 = v44 / v7;
+                const float v46 = v45 * v39;
+                const float v47 = v46 * v39;
+                const float v48 = v47 * v39;
+                const float v49 = v34 * v48;
+                const float v50 = v43 - v49;
+                grad_x[ro_grad_x[i15] + i32] = opgen_f32_to_bf16(v50);
             }
             __syncthreads();
         }
         __syncthreads();
-        for (int64_t i52 = v2 + (int64_t)threadIdx.x; i52 < v6; i52 += OPGEN_CUDA_THREADS) {
-            const float v53 = l10[i52];
-            t1[i9 * d_D + i52] = v53;
+        for (int64_t i51 = v2 + (int64_t)threadIdx.x; i51 < v6; i51 += OPGEN_CUDA_THREADS) {
+            const float v52 = l10[i51];
+            t1[i9 * d_D + i51] = v52;
         }
         __syncthreads();
     }
@@ -429,26 +417,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v54 = 0ll;
-    const int64_t v55 = d_D;
-    const int64_t v56 = ((d_N + 31) / 32);
-    for (int64_t i57 = v54 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i57 < v55; i57 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l58 = (float)0;
-        for (int64_t i59 = v54; i59 < v56; i59++) {
-            const float v60 = t1[i59 * d_D + i57];
-            l58 += v60;
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_D;
+    const int64_t v55 = ((d_N + 31) / 32);
+    for (int64_t i56 = v53 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i56 < v54; i56 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l57 = (float)0;
+        for (int64_t i58 = v53; i58 < v55; i58++) {
+            const float v59 = t1[i58 * d_D + i56];
+            l57 += v59;
         }
-        const float v61 = l58;
-        grad_w[i57 * st_grad_w_0] = opgen_f32_to_bf16(v61);
+        const float v60 = l57;
+        grad_w[i56 * st_grad_w_0] = opgen_f32_to_bf16(v60);
     }
 }
 
 static void k_rms_norm_backward_bf16_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v62 = 0ll;
-    const int64_t v63 = ((d_N + 31) / 32);
-    const int64_t g0 = opgen_cuda_grid(v63 - v62, opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t v61 = 0ll;
+    const int64_t v62 = ((d_N + 31) / 32);
+    const int64_t g0 = opgen_cuda_grid(v62 - v61, opgen_align(sizeof(float) * (size_t)d_D));
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
@@ -482,14 +470,14 @@ static opgen_status_t k_rms_norm_backward_bf16(const opgen_buf_t *bufs, const in
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v64 = 0ll;
-    const int64_t v65 = ((d_N + 31) / 32);
-    const int64_t v66 = 0ll;
-    const int64_t v67 = d_D;
-    const int64_t grid68 = opgen_cuda_grid(v65 - v64, opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid68 > 0) k_rms_norm_backward_bf16_k0<<<(unsigned)grid68, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid69 = opgen_cuda_grid((v67 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid69 > 0) k_rms_norm_backward_bf16_k1<<<(unsigned)grid69, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v63 = 0ll;
+    const int64_t v64 = ((d_N + 31) / 32);
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_D;
+    const int64_t grid67 = opgen_cuda_grid(v64 - v63, opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid67 > 0) k_rms_norm_backward_bf16_k0<<<(unsigned)grid67, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid68 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid68 > 0) k_rms_norm_backward_bf16_k1<<<(unsigned)grid68, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_bf16");
 }
 

@@ -16,6 +16,7 @@ from xdsl.transforms.common_subexpression_elimination import CommonSubexpression
 from xdsl.transforms.dead_code_elimination import DeadCodeElimination
 
 from opgen.ir.dialect import Opgen
+from opgen.lower.fuse_reductions import FuseReductions
 from opgen.lower.sched import Sched
 from opgen.lower.to_loops import LowerToLoops
 
@@ -24,13 +25,14 @@ L0: list[ModulePass] = [CanonicalizePass(), CommonSubexpressionElimination(), De
 
 PIPELINES: dict[str, list[ModulePass]] = {
     "l0": L0,
-    # C11 + OpenMP: loops over buffers; the printer maps the outermost parallel loop to OpenMP
+    # C11 + OpenMP: loops over buffers (independent reductions over one range fused); the
+    # printer maps the outermost parallel loop to OpenMP
     # and splits reductions into fixed lanes (opgen/emit/cpu.py).
-    "cpu": [*L0, LowerToLoops()],
+    "cpu": [*L0, LowerToLoops(), FuseReductions()],
     # CUDA: the same loops; the printer maps parallel loops to blocks/threads, reduce loops to
     # fixed-tree block reductions and per-iteration scratch to per-block workspace slices
     # (opgen/emit/cuda.py).
-    "cuda": [*L0, LowerToLoops()],
+    "cuda": [*L0, LowerToLoops(), FuseReductions()],
 }
 
 
