@@ -35,7 +35,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -44,7 +44,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -69,7 +69,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -138,7 +138,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -147,7 +147,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -172,7 +172,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -215,8 +215,8 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_layout(co
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -282,10 +282,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32");
 }
 
@@ -323,7 +325,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -332,7 +334,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -357,7 +359,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -426,7 +428,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -435,7 +437,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -460,7 +462,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -503,8 +505,8 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_layout(co
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -570,10 +572,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64");
 }
 
@@ -611,7 +615,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -620,7 +624,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -645,7 +649,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -714,7 +718,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -723,7 +727,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -748,7 +752,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -791,8 +795,8 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_layout(
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -858,10 +862,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32");
 }
 
@@ -899,7 +905,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -908,7 +914,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -933,7 +939,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -1002,7 +1008,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -1011,7 +1017,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -1036,7 +1042,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -1079,8 +1085,8 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_layout(
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -1146,10 +1152,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64");
 }
 
@@ -1187,7 +1195,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -1196,7 +1204,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -1221,7 +1229,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -1290,7 +1298,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -1299,7 +1307,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -1324,7 +1332,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -1367,8 +1375,8 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_layout(c
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -1434,10 +1442,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i3
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32");
 }
 
@@ -1475,7 +1485,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -1484,7 +1494,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -1509,7 +1519,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -1578,7 +1588,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -1587,7 +1597,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -1612,7 +1622,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -1655,8 +1665,8 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_layout(c
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -1722,10 +1732,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i6
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64");
 }
 
@@ -1763,7 +1775,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -1772,7 +1784,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -1797,7 +1809,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -1866,7 +1878,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -1875,7 +1887,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -1900,7 +1912,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -1943,8 +1955,8 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_layout
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -2010,10 +2022,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32");
 }
 
@@ -2051,7 +2065,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -2060,7 +2074,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -2085,7 +2099,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -2154,7 +2168,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -2163,7 +2177,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -2188,7 +2202,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -2231,8 +2245,8 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_layout
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -2298,10 +2312,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64");
 }
 
@@ -2343,7 +2359,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n17 = v14 > v1 ? v14 - v1 : 0;
@@ -2357,7 +2373,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l24 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l24 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z25 = threadIdx.x; z25 < (size_t)256ll * (size_t)d_H; z25 += OPGEN_CUDA_THREADS) l24[z25] = (float)0;
         __syncthreads();
@@ -2366,7 +2382,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v28 = v27 + v3;
             const int64_t v29 = ((v28 < v7 || v28 != v28) ? v28 : v7);
             const int64_t v30 = v29 - v27;
-            float *__restrict__ l31 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l31 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n33 = v30 > v1 ? v30 - v1 : 0;
@@ -2380,11 +2396,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l40 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l40 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v14, v30, v5, l15, d_H, 1, l31, 1, d_H, l40, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l41 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l41 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n43 = v14 > v1 ? v14 - v1 : 0;
@@ -2415,7 +2431,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l67 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l67 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n69 = v30 > v1 ? v30 - v1 : 0;
@@ -2488,7 +2504,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v97 = v96 + v88;
         const int64_t v98 = ((v97 < v89 || v97 != v97) ? v97 : v89);
         const int64_t v99 = v98 - v96;
-        float *__restrict__ l100 = (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l100 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n102 = v99 > v86 ? v99 - v86 : 0;
@@ -2502,7 +2518,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l109 = (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l109 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z110 = threadIdx.x; z110 < (size_t)256ll * (size_t)d_H; z110 += OPGEN_CUDA_THREADS) l109[z110] = (float)0;
         __syncthreads();
@@ -2511,7 +2527,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v113 = v112 + v88;
             const int64_t v114 = ((v113 < v92 || v113 != v113) ? v113 : v92);
             const int64_t v115 = v114 - v112;
-            float *__restrict__ l116 = (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l116 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n118 = v115 > v86 ? v115 - v86 : 0;
@@ -2525,11 +2541,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l125 = (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l125 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v115, v99, v90, l116, d_H, 1, l100, 1, d_H, l125, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l126 = (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l126 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n128 = v115 > v86 ? v115 - v86 : 0;
@@ -2560,7 +2576,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l152 = (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l152 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n154 = v115 > v86 ? v115 - v86 : 0;
@@ -2603,8 +2619,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f1
     const int64_t v172 = ((d_BT + 255) / 256);
     const int64_t v173 = 0ll;
     const int64_t v174 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -2682,10 +2698,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v186 = ((d_BT + 255) / 256);
     const int64_t v187 = 0ll;
     const int64_t v188 = ((d_V + 255) / 256);
-    const int64_t grid189 = opgen_cuda_grid(v186 - v185, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid190 = opgen_cuda_grid(v188 - v187, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid189 = opgen_cuda_grid(v186 - v185, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid190 = opgen_cuda_grid(v188 - v187, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32");
 }
 
@@ -2727,7 +2745,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n17 = v14 > v1 ? v14 - v1 : 0;
@@ -2741,7 +2759,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l24 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l24 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z25 = threadIdx.x; z25 < (size_t)256ll * (size_t)d_H; z25 += OPGEN_CUDA_THREADS) l24[z25] = (float)0;
         __syncthreads();
@@ -2750,7 +2768,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v28 = v27 + v3;
             const int64_t v29 = ((v28 < v7 || v28 != v28) ? v28 : v7);
             const int64_t v30 = v29 - v27;
-            float *__restrict__ l31 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l31 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n33 = v30 > v1 ? v30 - v1 : 0;
@@ -2764,11 +2782,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l40 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l40 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v14, v30, v5, l15, d_H, 1, l31, 1, d_H, l40, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l41 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l41 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n43 = v14 > v1 ? v14 - v1 : 0;
@@ -2799,7 +2817,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l67 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l67 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n69 = v30 > v1 ? v30 - v1 : 0;
@@ -2872,7 +2890,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v97 = v96 + v88;
         const int64_t v98 = ((v97 < v89 || v97 != v97) ? v97 : v89);
         const int64_t v99 = v98 - v96;
-        float *__restrict__ l100 = (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l100 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n102 = v99 > v86 ? v99 - v86 : 0;
@@ -2886,7 +2904,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l109 = (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l109 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z110 = threadIdx.x; z110 < (size_t)256ll * (size_t)d_H; z110 += OPGEN_CUDA_THREADS) l109[z110] = (float)0;
         __syncthreads();
@@ -2895,7 +2913,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v113 = v112 + v88;
             const int64_t v114 = ((v113 < v92 || v113 != v113) ? v113 : v92);
             const int64_t v115 = v114 - v112;
-            float *__restrict__ l116 = (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l116 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n118 = v115 > v86 ? v115 - v86 : 0;
@@ -2909,11 +2927,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l125 = (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l125 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v115, v99, v90, l116, d_H, 1, l100, 1, d_H, l125, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l126 = (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l126 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n128 = v115 > v86 ? v115 - v86 : 0;
@@ -2944,7 +2962,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l152 = (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l152 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n154 = v115 > v86 ? v115 - v86 : 0;
@@ -2987,8 +3005,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f1
     const int64_t v172 = ((d_BT + 255) / 256);
     const int64_t v173 = 0ll;
     const int64_t v174 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -3066,10 +3084,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v186 = ((d_BT + 255) / 256);
     const int64_t v187 = 0ll;
     const int64_t v188 = ((d_V + 255) / 256);
-    const int64_t grid189 = opgen_cuda_grid(v186 - v185, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid190 = opgen_cuda_grid(v188 - v187, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid189 = opgen_cuda_grid(v186 - v185, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid190 = opgen_cuda_grid(v188 - v187, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64");
 }
 
@@ -3111,7 +3131,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n17 = v14 > v1 ? v14 - v1 : 0;
@@ -3125,7 +3145,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l24 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l24 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z25 = threadIdx.x; z25 < (size_t)256ll * (size_t)d_H; z25 += OPGEN_CUDA_THREADS) l24[z25] = (float)0;
         __syncthreads();
@@ -3134,7 +3154,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v28 = v27 + v3;
             const int64_t v29 = ((v28 < v7 || v28 != v28) ? v28 : v7);
             const int64_t v30 = v29 - v27;
-            float *__restrict__ l31 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l31 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n33 = v30 > v1 ? v30 - v1 : 0;
@@ -3148,11 +3168,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l40 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l40 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v14, v30, v5, l15, d_H, 1, l31, 1, d_H, l40, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l41 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l41 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n43 = v14 > v1 ? v14 - v1 : 0;
@@ -3183,7 +3203,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l67 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l67 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n69 = v30 > v1 ? v30 - v1 : 0;
@@ -3256,7 +3276,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v97 = v96 + v88;
         const int64_t v98 = ((v97 < v89 || v97 != v97) ? v97 : v89);
         const int64_t v99 = v98 - v96;
-        float *__restrict__ l100 = (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l100 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n102 = v99 > v86 ? v99 - v86 : 0;
@@ -3270,7 +3290,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l109 = (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l109 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z110 = threadIdx.x; z110 < (size_t)256ll * (size_t)d_H; z110 += OPGEN_CUDA_THREADS) l109[z110] = (float)0;
         __syncthreads();
@@ -3279,7 +3299,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v113 = v112 + v88;
             const int64_t v114 = ((v113 < v92 || v113 != v113) ? v113 : v92);
             const int64_t v115 = v114 - v112;
-            float *__restrict__ l116 = (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l116 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n118 = v115 > v86 ? v115 - v86 : 0;
@@ -3293,11 +3313,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l125 = (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l125 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v115, v99, v90, l116, d_H, 1, l100, 1, d_H, l125, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l126 = (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l126 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n128 = v115 > v86 ? v115 - v86 : 0;
@@ -3328,7 +3348,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l152 = (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l152 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n154 = v115 > v86 ? v115 - v86 : 0;
@@ -3371,8 +3391,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f1
     const int64_t v172 = ((d_BT + 255) / 256);
     const int64_t v173 = 0ll;
     const int64_t v174 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -3450,10 +3470,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v186 = ((d_BT + 255) / 256);
     const int64_t v187 = 0ll;
     const int64_t v188 = ((d_V + 255) / 256);
-    const int64_t grid189 = opgen_cuda_grid(v186 - v185, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid190 = opgen_cuda_grid(v188 - v187, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid189 = opgen_cuda_grid(v186 - v185, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid190 = opgen_cuda_grid(v188 - v187, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32");
 }
 
@@ -3495,7 +3517,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n17 = v14 > v1 ? v14 - v1 : 0;
@@ -3509,7 +3531,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l24 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l24 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z25 = threadIdx.x; z25 < (size_t)256ll * (size_t)d_H; z25 += OPGEN_CUDA_THREADS) l24[z25] = (float)0;
         __syncthreads();
@@ -3518,7 +3540,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v28 = v27 + v3;
             const int64_t v29 = ((v28 < v7 || v28 != v28) ? v28 : v7);
             const int64_t v30 = v29 - v27;
-            float *__restrict__ l31 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l31 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n33 = v30 > v1 ? v30 - v1 : 0;
@@ -3532,11 +3554,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l40 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l40 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v14, v30, v5, l15, d_H, 1, l31, 1, d_H, l40, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l41 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l41 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n43 = v14 > v1 ? v14 - v1 : 0;
@@ -3567,7 +3589,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l67 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l67 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n69 = v30 > v1 ? v30 - v1 : 0;
@@ -3640,7 +3662,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v97 = v96 + v88;
         const int64_t v98 = ((v97 < v89 || v97 != v97) ? v97 : v89);
         const int64_t v99 = v98 - v96;
-        float *__restrict__ l100 = (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l100 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n102 = v99 > v86 ? v99 - v86 : 0;
@@ -3654,7 +3676,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l109 = (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l109 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z110 = threadIdx.x; z110 < (size_t)256ll * (size_t)d_H; z110 += OPGEN_CUDA_THREADS) l109[z110] = (float)0;
         __syncthreads();
@@ -3663,7 +3685,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v113 = v112 + v88;
             const int64_t v114 = ((v113 < v92 || v113 != v113) ? v113 : v92);
             const int64_t v115 = v114 - v112;
-            float *__restrict__ l116 = (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l116 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n118 = v115 > v86 ? v115 - v86 : 0;
@@ -3677,11 +3699,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l125 = (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l125 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v115, v99, v90, l116, d_H, 1, l100, 1, d_H, l125, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l126 = (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l126 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n128 = v115 > v86 ? v115 - v86 : 0;
@@ -3712,7 +3734,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l152 = (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l152 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n154 = v115 > v86 ? v115 - v86 : 0;
@@ -3755,8 +3777,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f1
     const int64_t v172 = ((d_BT + 255) / 256);
     const int64_t v173 = 0ll;
     const int64_t v174 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -3834,10 +3856,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v186 = ((d_BT + 255) / 256);
     const int64_t v187 = 0ll;
     const int64_t v188 = ((d_V + 255) / 256);
-    const int64_t grid189 = opgen_cuda_grid(v186 - v185, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid190 = opgen_cuda_grid(v188 - v187, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid189 = opgen_cuda_grid(v186 - v185, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid190 = opgen_cuda_grid(v188 - v187, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64");
 }
 
@@ -3879,7 +3903,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n17 = v14 > v1 ? v14 - v1 : 0;
@@ -3893,7 +3917,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l24 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l24 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z25 = threadIdx.x; z25 < (size_t)256ll * (size_t)d_H; z25 += OPGEN_CUDA_THREADS) l24[z25] = (float)0;
         __syncthreads();
@@ -3902,7 +3926,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v28 = v27 + v3;
             const int64_t v29 = ((v28 < v7 || v28 != v28) ? v28 : v7);
             const int64_t v30 = v29 - v27;
-            float *__restrict__ l31 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l31 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n33 = v30 > v1 ? v30 - v1 : 0;
@@ -3916,11 +3940,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l40 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l40 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v14, v30, v5, l15, d_H, 1, l31, 1, d_H, l40, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l41 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l41 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n43 = v14 > v1 ? v14 - v1 : 0;
@@ -3951,7 +3975,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l67 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l67 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n69 = v30 > v1 ? v30 - v1 : 0;
@@ -4024,7 +4048,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v97 = v96 + v88;
         const int64_t v98 = ((v97 < v89 || v97 != v97) ? v97 : v89);
         const int64_t v99 = v98 - v96;
-        float *__restrict__ l100 = (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l100 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n102 = v99 > v86 ? v99 - v86 : 0;
@@ -4038,7 +4062,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l109 = (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l109 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z110 = threadIdx.x; z110 < (size_t)256ll * (size_t)d_H; z110 += OPGEN_CUDA_THREADS) l109[z110] = (float)0;
         __syncthreads();
@@ -4047,7 +4071,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v113 = v112 + v88;
             const int64_t v114 = ((v113 < v92 || v113 != v113) ? v113 : v92);
             const int64_t v115 = v114 - v112;
-            float *__restrict__ l116 = (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l116 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n118 = v115 > v86 ? v115 - v86 : 0;
@@ -4061,11 +4085,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l125 = (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l125 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v115, v99, v90, l116, d_H, 1, l100, 1, d_H, l125, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l126 = (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l126 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n128 = v115 > v86 ? v115 - v86 : 0;
@@ -4096,7 +4120,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l152 = (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l152 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n154 = v115 > v86 ? v115 - v86 : 0;
@@ -4139,8 +4163,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf
     const int64_t v172 = ((d_BT + 255) / 256);
     const int64_t v173 = 0ll;
     const int64_t v174 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -4218,10 +4242,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v186 = ((d_BT + 255) / 256);
     const int64_t v187 = 0ll;
     const int64_t v188 = ((d_V + 255) / 256);
-    const int64_t grid189 = opgen_cuda_grid(v186 - v185, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid190 = opgen_cuda_grid(v188 - v187, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid189 = opgen_cuda_grid(v186 - v185, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid190 = opgen_cuda_grid(v188 - v187, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32");
 }
 
@@ -4263,7 +4289,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n17 = v14 > v1 ? v14 - v1 : 0;
@@ -4277,7 +4303,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l24 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l24 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z25 = threadIdx.x; z25 < (size_t)256ll * (size_t)d_H; z25 += OPGEN_CUDA_THREADS) l24[z25] = (float)0;
         __syncthreads();
@@ -4286,7 +4312,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v28 = v27 + v3;
             const int64_t v29 = ((v28 < v7 || v28 != v28) ? v28 : v7);
             const int64_t v30 = v29 - v27;
-            float *__restrict__ l31 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l31 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n33 = v30 > v1 ? v30 - v1 : 0;
@@ -4300,11 +4326,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l40 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l40 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v14, v30, v5, l15, d_H, 1, l31, 1, d_H, l40, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l41 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l41 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n43 = v14 > v1 ? v14 - v1 : 0;
@@ -4335,7 +4361,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l67 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l67 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n69 = v30 > v1 ? v30 - v1 : 0;
@@ -4408,7 +4434,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v97 = v96 + v88;
         const int64_t v98 = ((v97 < v89 || v97 != v97) ? v97 : v89);
         const int64_t v99 = v98 - v96;
-        float *__restrict__ l100 = (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l100 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n102 = v99 > v86 ? v99 - v86 : 0;
@@ -4422,7 +4448,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l109 = (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l109 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z110 = threadIdx.x; z110 < (size_t)256ll * (size_t)d_H; z110 += OPGEN_CUDA_THREADS) l109[z110] = (float)0;
         __syncthreads();
@@ -4431,7 +4457,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v113 = v112 + v88;
             const int64_t v114 = ((v113 < v92 || v113 != v113) ? v113 : v92);
             const int64_t v115 = v114 - v112;
-            float *__restrict__ l116 = (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l116 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n118 = v115 > v86 ? v115 - v86 : 0;
@@ -4445,11 +4471,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l125 = (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l125 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v115, v99, v90, l116, d_H, 1, l100, 1, d_H, l125, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l126 = (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l126 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n128 = v115 > v86 ? v115 - v86 : 0;
@@ -4480,7 +4506,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l152 = (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l152 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n154 = v115 > v86 ? v115 - v86 : 0;
@@ -4523,8 +4549,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf
     const int64_t v172 = ((d_BT + 255) / 256);
     const int64_t v173 = 0ll;
     const int64_t v174 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -4602,10 +4628,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v186 = ((d_BT + 255) / 256);
     const int64_t v187 = 0ll;
     const int64_t v188 = ((d_V + 255) / 256);
-    const int64_t grid189 = opgen_cuda_grid(v186 - v185, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid190 = opgen_cuda_grid(v188 - v187, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid189 = opgen_cuda_grid(v186 - v185, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid190 = opgen_cuda_grid(v188 - v187, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64");
 }
 
@@ -4647,7 +4675,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n17 = v14 > v1 ? v14 - v1 : 0;
@@ -4661,7 +4689,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l24 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l24 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z25 = threadIdx.x; z25 < (size_t)256ll * (size_t)d_H; z25 += OPGEN_CUDA_THREADS) l24[z25] = (float)0;
         __syncthreads();
@@ -4670,7 +4698,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v28 = v27 + v3;
             const int64_t v29 = ((v28 < v7 || v28 != v28) ? v28 : v7);
             const int64_t v30 = v29 - v27;
-            float *__restrict__ l31 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l31 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n33 = v30 > v1 ? v30 - v1 : 0;
@@ -4684,11 +4712,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l40 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l40 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v14, v30, v5, l15, d_H, 1, l31, 1, d_H, l40, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l41 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l41 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n43 = v14 > v1 ? v14 - v1 : 0;
@@ -4719,7 +4747,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l67 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l67 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n69 = v30 > v1 ? v30 - v1 : 0;
@@ -4792,7 +4820,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v97 = v96 + v88;
         const int64_t v98 = ((v97 < v89 || v97 != v97) ? v97 : v89);
         const int64_t v99 = v98 - v96;
-        float *__restrict__ l100 = (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l100 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n102 = v99 > v86 ? v99 - v86 : 0;
@@ -4806,7 +4834,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l109 = (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l109 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z110 = threadIdx.x; z110 < (size_t)256ll * (size_t)d_H; z110 += OPGEN_CUDA_THREADS) l109[z110] = (float)0;
         __syncthreads();
@@ -4815,7 +4843,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v113 = v112 + v88;
             const int64_t v114 = ((v113 < v92 || v113 != v113) ? v113 : v92);
             const int64_t v115 = v114 - v112;
-            float *__restrict__ l116 = (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l116 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n118 = v115 > v86 ? v115 - v86 : 0;
@@ -4829,11 +4857,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l125 = (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l125 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v115, v99, v90, l116, d_H, 1, l100, 1, d_H, l125, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l126 = (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l126 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n128 = v115 > v86 ? v115 - v86 : 0;
@@ -4864,7 +4892,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l152 = (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l152 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n154 = v115 > v86 ? v115 - v86 : 0;
@@ -4907,8 +4935,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf
     const int64_t v172 = ((d_BT + 255) / 256);
     const int64_t v173 = 0ll;
     const int64_t v174 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -4986,10 +5014,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v186 = ((d_BT + 255) / 256);
     const int64_t v187 = 0ll;
     const int64_t v188 = ((d_V + 255) / 256);
-    const int64_t grid189 = opgen_cuda_grid(v186 - v185, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid190 = opgen_cuda_grid(v188 - v187, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid189 = opgen_cuda_grid(v186 - v185, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid190 = opgen_cuda_grid(v188 - v187, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32");
 }
 
@@ -5031,7 +5061,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n17 = v14 > v1 ? v14 - v1 : 0;
@@ -5045,7 +5075,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l24 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l24 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z25 = threadIdx.x; z25 < (size_t)256ll * (size_t)d_H; z25 += OPGEN_CUDA_THREADS) l24[z25] = (float)0;
         __syncthreads();
@@ -5054,7 +5084,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v28 = v27 + v3;
             const int64_t v29 = ((v28 < v7 || v28 != v28) ? v28 : v7);
             const int64_t v30 = v29 - v27;
-            float *__restrict__ l31 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l31 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n33 = v30 > v1 ? v30 - v1 : 0;
@@ -5068,11 +5098,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l40 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l40 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v14, v30, v5, l15, d_H, 1, l31, 1, d_H, l40, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l41 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l41 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n43 = v14 > v1 ? v14 - v1 : 0;
@@ -5103,7 +5133,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l67 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l67 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n69 = v30 > v1 ? v30 - v1 : 0;
@@ -5176,7 +5206,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v97 = v96 + v88;
         const int64_t v98 = ((v97 < v89 || v97 != v97) ? v97 : v89);
         const int64_t v99 = v98 - v96;
-        float *__restrict__ l100 = (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l100 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
             const int64_t n102 = v99 > v86 ? v99 - v86 : 0;
@@ -5190,7 +5220,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             }
         }
         __syncthreads();
-        float *__restrict__ l109 = (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l109 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z110 = threadIdx.x; z110 < (size_t)256ll * (size_t)d_H; z110 += OPGEN_CUDA_THREADS) l109[z110] = (float)0;
         __syncthreads();
@@ -5199,7 +5229,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v113 = v112 + v88;
             const int64_t v114 = ((v113 < v92 || v113 != v113) ? v113 : v92);
             const int64_t v115 = v114 - v112;
-            float *__restrict__ l116 = (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l116 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n118 = v115 > v86 ? v115 - v86 : 0;
@@ -5213,11 +5243,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l125 = (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l125 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             opgen_block_gemm<float>(v115, v99, v90, l116, d_H, 1, l100, 1, d_H, l125, 256ll, 0);
             __syncthreads();
-            float *__restrict__ l126 = (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l126 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[10] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n128 = v115 > v86 ? v115 - v86 : 0;
@@ -5248,7 +5278,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l152 = (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l152 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[11] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n154 = v115 > v86 ? v115 - v86 : 0;
@@ -5291,8 +5321,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf
     const int64_t v172 = ((d_BT + 255) / 256);
     const int64_t v173 = 0ll;
     const int64_t v174 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v172 - v171, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v174 - v173, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -5370,10 +5400,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v186 = ((d_BT + 255) / 256);
     const int64_t v187 = 0ll;
     const int64_t v188 = ((d_V + 255) / 256);
-    const int64_t grid189 = opgen_cuda_grid(v186 - v185, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid190 = opgen_cuda_grid(v188 - v187, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid189 = opgen_cuda_grid(v186 - v185, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid189 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_k0<<<(unsigned)grid189, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid190 = opgen_cuda_grid(v188 - v187, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid190 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_k1<<<(unsigned)grid190, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64");
 }
 
@@ -5411,7 +5443,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -5420,7 +5452,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -5445,7 +5477,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -5514,7 +5546,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -5523,7 +5555,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -5548,7 +5580,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -5591,8 +5623,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i3
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -5658,10 +5690,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32");
 }
 
@@ -5699,7 +5733,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -5708,7 +5742,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -5733,7 +5767,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -5802,7 +5836,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -5811,7 +5845,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -5836,7 +5870,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -5879,8 +5913,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i6
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -5946,10 +5980,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64");
 }
 
@@ -5987,7 +6023,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -5996,7 +6032,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -6021,7 +6057,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -6090,7 +6126,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -6099,7 +6135,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -6124,7 +6160,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -6167,8 +6203,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -6234,10 +6270,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32");
 }
 
@@ -6275,7 +6313,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -6284,7 +6322,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -6309,7 +6347,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -6378,7 +6416,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -6387,7 +6425,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -6412,7 +6450,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -6455,8 +6493,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -6522,10 +6560,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64");
 }
 
@@ -6563,7 +6603,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -6572,7 +6612,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -6597,7 +6637,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -6666,7 +6706,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -6675,7 +6715,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -6700,7 +6740,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -6743,8 +6783,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -6810,10 +6850,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32");
 }
 
@@ -6851,7 +6893,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -6860,7 +6902,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -6885,7 +6927,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -6954,7 +6996,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -6963,7 +7005,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -6988,7 +7030,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -7031,8 +7073,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -7098,10 +7140,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64");
 }
 
@@ -7139,7 +7183,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -7148,7 +7192,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -7173,7 +7217,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -7242,7 +7286,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -7251,7 +7295,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -7276,7 +7320,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -7319,8 +7363,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -7386,10 +7430,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32");
 }
 
@@ -7427,7 +7473,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -7436,7 +7482,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -7461,7 +7507,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -7530,7 +7576,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -7539,7 +7585,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -7564,7 +7610,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -7607,8 +7653,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -7674,10 +7720,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64");
 }
 
@@ -7715,7 +7763,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -7724,7 +7772,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -7749,7 +7797,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -7818,7 +7866,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -7827,7 +7875,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -7852,7 +7900,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -7895,8 +7943,8 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -7962,10 +8010,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32");
 }
 
@@ -8003,7 +8053,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -8012,7 +8062,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -8037,7 +8087,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -8106,7 +8156,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -8115,7 +8165,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -8140,7 +8190,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -8183,8 +8233,8 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -8250,10 +8300,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64");
 }
 
@@ -8291,7 +8343,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -8300,7 +8352,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -8325,7 +8377,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -8394,7 +8446,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -8403,7 +8455,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -8428,7 +8480,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -8471,8 +8523,8 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_b
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -8538,10 +8590,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32");
 }
 
@@ -8579,7 +8633,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -8588,7 +8642,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -8613,7 +8667,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -8682,7 +8736,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -8691,7 +8745,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -8716,7 +8770,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -8759,8 +8813,8 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_b
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -8826,10 +8880,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64");
 }
 
@@ -8867,7 +8923,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -8876,7 +8932,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -8901,7 +8957,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -8970,7 +9026,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -8979,7 +9035,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -9004,7 +9060,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -9047,8 +9103,8 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -9114,10 +9170,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32");
 }
 
@@ -9155,7 +9213,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -9164,7 +9222,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -9189,7 +9247,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -9258,7 +9316,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -9267,7 +9325,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -9292,7 +9350,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -9335,8 +9393,8 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -9402,10 +9460,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64");
 }
 
@@ -9443,7 +9503,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -9452,7 +9512,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -9477,7 +9537,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -9546,7 +9606,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -9555,7 +9615,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -9580,7 +9640,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -9623,8 +9683,8 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -9690,10 +9750,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32");
 }
 
@@ -9731,7 +9793,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -9740,7 +9802,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -9765,7 +9827,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -9834,7 +9896,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -9843,7 +9905,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -9868,7 +9930,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -9911,8 +9973,8 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -9978,10 +10040,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64");
 }
 
@@ -10019,7 +10083,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -10028,7 +10092,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -10053,7 +10117,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -10122,7 +10186,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -10131,7 +10195,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -10156,7 +10220,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -10199,8 +10263,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -10266,10 +10330,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32");
 }
 
@@ -10307,7 +10373,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -10316,7 +10382,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -10341,7 +10407,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -10410,7 +10476,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -10419,7 +10485,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -10444,7 +10510,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -10487,8 +10553,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -10554,10 +10620,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64");
 }
 
@@ -10595,7 +10663,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -10604,7 +10672,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -10629,7 +10697,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -10698,7 +10766,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -10707,7 +10775,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -10732,7 +10800,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -10775,8 +10843,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -10842,10 +10910,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32");
 }
 
@@ -10883,7 +10953,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -10892,7 +10962,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -10917,7 +10987,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -10986,7 +11056,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -10995,7 +11065,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -11020,7 +11090,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -11063,8 +11133,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -11130,10 +11200,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64");
 }
 
@@ -11171,7 +11243,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -11180,7 +11252,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -11205,7 +11277,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -11274,7 +11346,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -11283,7 +11355,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -11308,7 +11380,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -11351,8 +11423,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -11418,10 +11490,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32");
 }
 
@@ -11459,7 +11533,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -11468,7 +11542,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -11493,7 +11567,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -11562,7 +11636,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -11571,7 +11645,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -11596,7 +11670,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -11639,8 +11713,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -11706,10 +11780,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64");
 }
 
@@ -11747,7 +11823,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -11756,7 +11832,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -11781,7 +11857,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -11850,7 +11926,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -11859,7 +11935,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -11884,7 +11960,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -11927,8 +12003,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -11994,10 +12070,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32");
 }
 
@@ -12035,7 +12113,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < v4 || v12 != v12) ? v12 : v4);
         const int64_t v14 = v13 - v11;
-        float *__restrict__ l15 = (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l15 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z16 = threadIdx.x; z16 < (size_t)256ll * (size_t)d_H; z16 += OPGEN_CUDA_THREADS) l15[z16] = (float)0;
         __syncthreads();
@@ -12044,7 +12122,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v19 = v18 + v3;
             const int64_t v20 = ((v19 < v6 || v19 != v19) ? v19 : v6);
             const int64_t v21 = v20 - v18;
-            float *__restrict__ l22 = (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l22 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n24 = v14 > v1 ? v14 - v1 : 0;
@@ -12069,7 +12147,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l42 = (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n44 = v21 > v1 ? v21 - v1 : 0;
@@ -12138,7 +12216,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v72 = v71 + v63;
         const int64_t v73 = ((v72 < v64 || v72 != v72) ? v72 : v64);
         const int64_t v74 = v73 - v71;
-        float *__restrict__ l75 = (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+        float *__restrict__ l75 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z76 = threadIdx.x; z76 < (size_t)256ll * (size_t)d_H; z76 += OPGEN_CUDA_THREADS) l75[z76] = (float)0;
         __syncthreads();
@@ -12147,7 +12225,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             const int64_t v79 = v78 + v63;
             const int64_t v80 = ((v79 < v66 || v79 != v79) ? v79 : v66);
             const int64_t v81 = v80 - v78;
-            float *__restrict__ l82 = (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
+            float *__restrict__ l82 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)256ll);
             __syncthreads();
             {
                 const int64_t n84 = v81 > v61 ? v81 - v61 : 0;
@@ -12172,7 +12250,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            float *__restrict__ l102 = (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
+            float *__restrict__ l102 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
                 const int64_t n104 = v81 > v61 ? v81 - v61 : 0;
@@ -12215,8 +12293,8 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t v122 = ((d_BT + 255) / 256);
     const int64_t v123 = 0ll;
     const int64_t v124 = ((d_V + 255) / 256);
-    const int64_t g0 = opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    const int64_t g1 = opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v121, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v123, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -12282,10 +12360,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v136 = ((d_BT + 255) / 256);
     const int64_t v137 = 0ll;
     const int64_t v138 = ((d_V + 255) / 256);
-    const int64_t grid139 = opgen_cuda_grid(v136 - v135, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid(v138 - v137, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid139 = opgen_cuda_grid(v136 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid139 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    const int64_t grid140 = opgen_cuda_grid(v138 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid140 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64");
 }
 

@@ -76,6 +76,9 @@ typedef struct {
 #define OPGEN_CUDA_THREADS 256
 /* Workspace regions (temporaries, per-block scratch, segment buffers) of one kernel instance. */
 #define OPGEN_CUDA_MAX_WS 32
+/* A kernel whose per-block scratch fits in this many bytes keeps it in dynamic shared memory
+ * (below the 48 KiB every device grants without opting in); otherwise in workspace slices. */
+#define OPGEN_CUDA_SMEM_MAX ((size_t)32 << 10)
 
 /* Everything a generated kernel reads, passed by value (it lives in the kernel's parameter
  * space): the bound buffers, dims, scalar parameters, workspace regions and status words. */
@@ -86,6 +89,7 @@ typedef struct {
     char *wsp[OPGEN_CUDA_MAX_WS];
     unsigned int *err;    /* this call's status word (workspace offset 0): nonzero = stop */
     unsigned int *sticky; /* the device's sticky status word (opgen_cuda_device_status), or NULL */
+    unsigned int smem;    /* nonzero: this launch's per-block scratch is in dynamic shared memory */
 } opgen_cuda_args_t;
 
 /* ---- host side (opgen_cuda_rt.cu) ---- */
@@ -112,6 +116,13 @@ opgen_status_t opgen_cuda_launched(const char *what);
 static inline __host__ __device__ size_t opgen_align(size_t x) { return (x + 255) & ~(size_t)255; }
 
 /* ---- device side ---- */
+#ifndef OPGEN_HOST_MODEL /* (the CPU model used by the tests provides its own) */
+/* The block's dynamic shared memory (the launch's third parameter). */
+static __device__ __forceinline__ unsigned char *opgen_dyn_smem(void) {
+    extern __shared__ __align__(16) unsigned char opgen_smem[];
+    return opgen_smem;
+}
+#endif
 /* f16 / bf16 <-> f32 with round-to-nearest-even (NaN stays NaN), as the CPU runtime. */
 static __device__ __forceinline__ float opgen_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 static __device__ __forceinline__ uint16_t opgen_f32_to_bf16(float f) {

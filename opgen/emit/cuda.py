@@ -137,12 +137,14 @@ class CudaPrinter(CPrinter):
                  no_restrict: Iterable[str] = ()):
         super().__init__(kernel, binding, fn_name, buf_info, dim_ids, param_index)
         self.no_restrict = set(no_restrict)
+        self.layout_of: str | None = None  # print no layout/size/check functions: use this instance's
         self.ctx = "uniform"  # uniform (whole block) | thread (one thread) | flat (grid-strided thread)
         self.owned: tuple[SSAValue, ...] = ()  # loop variables identifying this thread's iteration
         self.private: set[SSAValue] = set()  # scalar locals allocated in the current thread context
         self.regions: list[Region] = []
         self.region_of: dict[SSAValue, int] = {}
         self.group: Group | None = None
+        self.owned_scratch: set[SSAValue] = set()  # see thread_owned
         self.top = list(kernel.body.block.ops)
         self.order = {op: i for i, op in enumerate(self.top)}
         self.arg_names: dict[SSAValue, str] = {}
@@ -316,9 +318,52 @@ class CudaPrinter(CPrinter):
                 writes.add(o.c)
         return reads, writes
 
+    def thread_owned(self, g: Group) -> set[SSAValue]:
+        """Per-block scratch vectors whose element ``e`` only thread ``e % T`` ever touches: every
+        access is ``buf[i]`` in a loop over ``[0, n)`` strided over the block's threads (a thread
+        loop or a block reduction directly under the block's uniform code), like the zero fill.
+        Steps touching only such buffers need no barrier between them."""
+        if g.mode != "block" or g.loop is None:
+            return set()
+        out: set[SSAValue] = set()
+        for a in _nested(g.loop):
+            if not isinstance(a, s.AllocOp) or _register(a.result) or s.buf_type(a.result).rank != 1:
+                continue
+            ok = True
+            for use in a.result.uses:
+                o = use.operation
+                lp = o.parent_op()
+                if not (isinstance(o, s.LoadOp | s.StoreOp | s.AccumOp) and isinstance(lp, s.ForOp)
+                        and list(o.idx) == [lp.iv] and self._zero(lp.lo) and self._strided(lp)):
+                    ok = False
+                    break
+            if ok:
+                out.add(a.result)
+        return out
+
+    def _zero(self, v: SSAValue) -> bool:
+        op = v.owner
+        return isinstance(op, ir.ConstantOp) and op.value.value.data == 0  # type: ignore[union-attr]
+
+    def _strided(self, lp: s.ForOp) -> bool:
+        """``lp`` is printed as a loop strided over the block's threads from uniform code."""
+        if lp.kind.data == "parallel":
+            if self.collapse(lp) != [lp] or not self.thread_mappable(lp):
+                return False
+        elif lp.kind.data != "reduce" or not self.block_reducible(lp):
+            return False
+        assert self.group is not None and self.group.loop is not None
+        p = lp.parent_op()
+        while p is not self.group.loop:
+            if not isinstance(p, s.ForOp) or p.kind.data != "serial":
+                return False
+            p = p.parent_op()
+        return True
+
     def needs_barrier(self, loop: Operation) -> bool:
         """A cooperative step shares memory with other steps of the block."""
         reads, writes = self.accessed(loop)
+        reads, writes = reads - self.owned_scratch, writes - self.owned_scratch
         if any(s.buf_type(b).role.data in ("local", "temp") for b in reads | writes):
             return True
         assert self.group is not None
@@ -412,13 +457,21 @@ class CudaPrinter(CPrinter):
         n = self.fresh("l")
         self.names[op.result] = n
         count = self.count_expr(b)
+        before = self.scratch_bytes(self.group.kid)
         r = self.add_region(Region(ct, count, "scratch", self.group.kid))
-        self.line(f"{ct} *{self.restrict} {n} = ({ct} *)a.wsp[{r}] + (size_t)blockIdx.x * ({count});")
+        smem = "opgen_dyn_smem()" if before == "0" else f"(opgen_dyn_smem() + {before})"
+        self.line(f"{ct} *{self.restrict} {n} = a.smem ? ({ct} *){smem} : ({ct} *)a.wsp[{r}] + "
+                  f"(size_t)blockIdx.x * ({count});")
         if op.zero is not None and op.zero.data:
             z = self.fresh("z")
-            self.sync()
+            owned = op.result in self.owned_scratch
+            if owned:
+                self.line("/* thread-owned elements (see thread_owned): no barrier */")
+            else:
+                self.sync()
             self.line(f"for (size_t {z} = threadIdx.x; {z} < {count}; {z} += OPGEN_CUDA_THREADS) {n}[{z}] = ({ct})0;")
-            self.sync()
+            if not owned:
+                self.sync()
 
     # ------------------------------------------------------------------ loops
     def plain_loop(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
@@ -598,7 +651,7 @@ class CudaPrinter(CPrinter):
                 rs = "" if n in self.no_restrict else f"{self.restrict} "  # may-alias pairs: no restrict
                 decls.append((n, f"{const}{ct} *{rs}{n} = ({const}{ct} *)a.bufs[{k}].data;"))
                 for i in range(t.rank):
-                    if not (i == t.rank - 1 and info.last_contig):
+                    if not (i == t.rank - 1 and (info.last_contig or self.unit_last)):
                         decls.append((f"st_{n}_{i}", f"const int64_t st_{n}_{i} = a.bufs[{k}].st[{i}];"))
                 if info.batch:
                     decls.append((f"ro_{n}", f"const int64_t *ro_{n} = a.bufs[{k}].ro;"))
@@ -636,6 +689,7 @@ class CudaPrinter(CPrinter):
         self.lines = []
         self.depth = 1
         self.ctx, self.owned, self.private = "uniform", (), set()
+        self.owned_scratch = self.thread_owned(g)
         need = self.needed(self.operands_of(g.ops))
         first = min(self.order[o] for o in g.ops)
         last = max(self.order[o] for o in g.ops)
@@ -678,6 +732,10 @@ class CudaPrinter(CPrinter):
                 "    if (*a.err) return; /* an earlier step of this call failed: write nothing */"]
         head += ["    " + x for x in self.prologue(body)]
         return "\n".join(head + body + ["}"]) + "\n"
+
+    def smem_fits(self, kid: int) -> str:
+        """Host condition: kernel ``kid``'s per-block scratch goes to dynamic shared memory."""
+        return f"({self.scratch_bytes(kid)} <= OPGEN_CUDA_SMEM_MAX)"
 
     def scratch_bytes(self, kid: int) -> str:
         terms = [f"opgen_align(sizeof({r.ctype}) * {r.count})" for r in self.regions
@@ -786,9 +844,10 @@ class CudaPrinter(CPrinter):
                 assert g.loop is not None
                 known = self.host_ok(g.loop.lo, False) and self.host_ok(g.loop.hi, False)
                 n_expr = f"{self.name(g.loop.hi)} - {self.name(g.loop.lo)}" if known else "INT64_MAX"
-                self.line(f"const int64_t {gv} = opgen_cuda_grid({n_expr}, {self.scratch_bytes(g.kid)});")
+                self.line(f"const int64_t {gv} = {self.smem_fits(g.kid)} ? 0 : "
+                          f"opgen_cuda_grid({n_expr}, {self.scratch_bytes(g.kid)}); /* 0: shared memory */")
             else:
-                self.line(f"const int64_t {gv} = 1;")
+                self.line(f"const int64_t {gv} = {self.smem_fits(g.kid)} ? 0 : 1; /* 0: shared memory */")
             grid_of[g.kid] = gv
         self.line("size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */")
         for i, r in enumerate(self.regions):  # temporaries and segment buffers: live all call long
@@ -887,13 +946,25 @@ class CudaPrinter(CPrinter):
                 assert isinstance(g, Group)
                 k = f"{self.fn_name}_k{g.kid}"
                 if g.mode == "single":
-                    self.line(f"{k}<<<1, OPGEN_CUDA_THREADS, 0, stream>>>(a);")
+                    sb = self.scratch_bytes(g.kid)
+                    if sb != "0":
+                        self.line(f"a.smem = {self.smem_fits(g.kid)};")
+                        self.line(f"{k}<<<1, OPGEN_CUDA_THREADS, a.smem ? {sb} : 0, stream>>>(a);")
+                    else:
+                        self.line(f"{k}<<<1, OPGEN_CUDA_THREADS, 0, stream>>>(a);")
                     continue
                 gv = self.fresh("grid")
                 if g.mode == "block":
                     assert g.loop is not None
                     n_expr = f"{self.name(g.loop.hi)} - {self.name(g.loop.lo)}"
-                    self.line(f"const int64_t {gv} = opgen_cuda_grid({n_expr}, {self.scratch_bytes(g.kid)});")
+                    sb = self.scratch_bytes(g.kid)
+                    if sb != "0":
+                        self.line(f"a.smem = {self.smem_fits(g.kid)};")
+                        self.line(f"const int64_t {gv} = opgen_cuda_grid({n_expr}, a.smem ? 0 : {sb});")
+                        self.line(f"if ({gv} > 0) {k}<<<(unsigned){gv}, OPGEN_CUDA_THREADS, a.smem ? {sb} : 0, "
+                                  "stream>>>(a);")
+                        continue
+                    self.line(f"const int64_t {gv} = opgen_cuda_grid({n_expr}, 0);")
                 else:
                     if g.mode == "flat":
                         assert g.loop is not None
@@ -922,6 +993,9 @@ class CudaPrinter(CPrinter):
         launcher += ["    " + x for x in self.host_prologue(True, self.lines)]
         launcher += self.lines
         launcher += [f'    return opgen_cuda_launched("{self.fn_name}");', "}"]
+        if self.layout_of is not None:  # a second flavour: the first's layout, size and checks
+            return "\n".join([*kernels, "\n".join(launcher)]).replace(
+                f"{self.fn_name}_layout(dims, ws, a.wsp, &total)", f"{self.layout_of}_layout(dims, ws, a.wsp, &total)") + "\n"
         return "\n".join([*kernels, "\n".join(layout), "\n".join(wsfn), "\n".join(pre),
                           "\n".join(launcher)]) + "\n"
 
@@ -965,10 +1039,27 @@ def op_source(o: OpDef, fuse: bool = True) -> str:
              '#include "opgen_cuda_rt.cuh"', ""]
     inst: dict[tuple[str, ...], list[cpu.Instance]] = {}
     for present, k in cpu.kernels(o, "cuda", fuse).items():
+        gemm = any(isinstance(x, s.MatmulOp) for x in k.walk())
         for b in cpu.bindings(o):
             fn = "k_" + o.variant_name(present) + "".join(f"_{b[v].name}" for v in dvars)
             pr = CudaPrinter(k, b, fn, info, dim_ids, pidx, no_restrict=aliased)
-            parts.append(pr.print_instance())
+            if gemm:  # compute-bound: one (general-stride) flavour
+                parts.append(pr.print_instance())
+            else:  # memory-bound: a unit-stride flavour (contiguous, vectorisable) chosen at run time
+                pr.fn_name = fn + "_g"
+                generic = pr.print_instance()
+                parts.append(generic.replace(f"{fn}_g_ws(", f"{fn}_ws(").replace(f"{fn}_g_pre(", f"{fn}_pre(")
+                             .replace(f"{fn}_g_layout(", f"{fn}_layout("))
+                fast = CudaPrinter(k, b, fn + "_u", info, dim_ids, pidx, no_restrict=aliased)
+                fast.unit_last = True
+                fast.layout_of = fn
+                parts.append(fast.print_instance())
+                parts.append(
+                    f"static opgen_status_t {fn}(const opgen_buf_t *bufs, const int64_t *dims, "
+                    "const opgen_scalar_t *sc, char *ws, cudaStream_t stream) {\n"
+                    "    /* every caller buffer's last dim contiguous: the unit-stride, vectorised flavour */\n"
+                    f"    if ({fast.unit_last_check()}) return {fn}_u(bufs, dims, sc, ws, stream);\n"
+                    f"    return {fn}_g(bufs, dims, sc, ws, stream);\n}}\n")
             inst.setdefault(present, []).append(cpu.Instance(present, b, fn))
     parts += cpu.op_tables(o, inst)
     parts += cpu.entry_points(o, prefix="opgen_cuda_", run="opgen_cuda_run", extra_params=", void *stream",

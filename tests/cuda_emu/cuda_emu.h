@@ -9,7 +9,7 @@
  *   __shared__            static storage (one block at a time runs, so it is the block's);
  *   atomics               __atomic builtins; device memory is host memory.
  * `kernel<<<grid, block, shmem, stream>>>(args)` is rewritten by tests/cuda_emu/emu_build.py into
- * `opgen_emu_launch(grid, block, [&] { kernel(args); })` before compiling with g++. Run under
+ * `opgen_emu_launch(grid, block, shmem, [&] { kernel(args); })` before compiling with g++. Run under
  * ThreadSanitizer, missing barriers show up as data races. */
 #ifndef OPGEN_CUDA_EMU_H
 #define OPGEN_CUDA_EMU_H
@@ -49,6 +49,12 @@ using opgen_emu_barrier = std::barrier<>;
 inline thread_local opgen_emu_barrier *opgen_emu_block = nullptr;
 inline thread_local opgen_emu_barrier *opgen_emu_warp = nullptr;
 inline thread_local uint64_t *opgen_emu_slots = nullptr;
+inline thread_local unsigned char *opgen_emu_smem = nullptr;
+
+/* dynamic shared memory: a fresh buffer per block, filled with garbage (no kernel may rely on
+ * its initial contents) */
+#define OPGEN_HOST_MODEL 1
+inline unsigned char *opgen_dyn_smem(void) { return opgen_emu_smem; }
 
 inline void __syncthreads() { opgen_emu_block->arrive_and_wait(); }
 
@@ -79,9 +85,12 @@ inline unsigned int atomicCAS(unsigned int *p, unsigned int cmp, unsigned int v)
 }
 
 /* Run a launch: blocks in order, each block's threads concurrently. */
-inline void opgen_emu_launch(unsigned int grid, unsigned int block, const std::function<void()> &body) {
+inline void opgen_emu_launch(unsigned int grid, unsigned int block, size_t shmem, const std::function<void()> &body) {
     const unsigned int warps = (block + 31) / 32;
     for (unsigned int b = 0; b < grid; b++) {
+        std::unique_ptr<unsigned char, decltype(&free)> sm(
+            (unsigned char *)aligned_alloc(256, (shmem + 255) / 256 * 256 + 256), &free);
+        memset(sm.get(), 0xA5, (shmem + 255) / 256 * 256 + 256);
         opgen_emu_barrier bar((std::ptrdiff_t)block);
         std::vector<std::unique_ptr<opgen_emu_barrier>> wbar;
         std::vector<uint64_t> slots((size_t)warps * 32);
@@ -98,6 +107,7 @@ inline void opgen_emu_launch(unsigned int grid, unsigned int block, const std::f
                 opgen_emu_block = &bar;
                 opgen_emu_warp = wbar[t / 32].get();
                 opgen_emu_slots = &slots[(size_t)(t / 32) * 32];
+                opgen_emu_smem = sm.get();
                 body();
                 opgen_emu_warp->arrive_and_drop();
                 opgen_emu_block->arrive_and_drop();

@@ -1,7 +1,7 @@
 """Build the generated CUDA sources against the CPU model in cuda_emu.h (g++, C++20).
 
 ``build(sources, out_dir, tsan=False)`` rewrites every ``kernel<<<grid, block, shmem, stream>>>(args)``
-into ``opgen_emu_launch(grid, block, [&] { kernel(args); })``, compiles each file (cached by
+into ``opgen_emu_launch(grid, block, shmem, [&] { kernel(args); })``, compiles each file (cached by
 content) and links ``libopgen_cuda_emu.so`` (or ``libopgen_cuda_emu_tsan.so``).
 """
 
@@ -45,7 +45,7 @@ def _split_top(text: str) -> list[str]:
 
 
 def rewrite_launches(src: str) -> str:
-    """``k<<<g, b, s, st>>>(args)`` -> ``opgen_emu_launch(g, b, [&] { k(args); })``."""
+    """``k<<<g, b, s, st>>>(args)`` -> ``opgen_emu_launch(g, b, s, [&] { k(args); })``."""
     out: list[str] = []
     i = 0
     while True:
@@ -72,7 +72,9 @@ def rewrite_launches(src: str) -> str:
             p += 1
         args = src[e + 4:p]
         out.append(src[i:k])
-        out.append(f"opgen_emu_launch((unsigned)({cfg[0]}), (unsigned)({cfg[1]}), [&] {{ {name}({args}); }})")
+        shmem = cfg[2] if len(cfg) > 2 else "0"
+        out.append(f"opgen_emu_launch((unsigned)({cfg[0]}), (unsigned)({cfg[1]}), (size_t)({shmem}), "
+                   f"[&] {{ {name}({args}); }})")
         i = p + 1
 
 
