@@ -43,20 +43,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25 * st_grad_1]);
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = opgen_f32_to_bf16(v28);
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+            }
         }
         __syncthreads();
     }
@@ -66,9 +72,9 @@ static void k_embedding_bw_u32_f16_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -81,7 +87,7 @@ static void k_embedding_bw_u32_f16_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -113,19 +119,19 @@ static opgen_status_t k_embedding_bw_u32_f16_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_f16_bf16_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_u32_f16_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_f16_bf16_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_u32_f16_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f16_bf16_g");
 }
 
@@ -168,20 +174,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25]);
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = opgen_f32_to_bf16(v28);
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<uint16_t, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                }
+            }
         }
         __syncthreads();
     }
@@ -200,19 +236,19 @@ static opgen_status_t k_embedding_bw_u32_f16_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_f16_bf16_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_u32_f16_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_f16_bf16_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_u32_f16_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f16_bf16_u");
 }
 
@@ -264,20 +300,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25 * st_grad_1];
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = v28;
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+            }
         }
         __syncthreads();
     }
@@ -287,9 +329,9 @@ static void k_embedding_bw_u32_f16_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -302,7 +344,7 @@ static void k_embedding_bw_u32_f16_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -334,19 +376,19 @@ static opgen_status_t k_embedding_bw_u32_f16_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_f16_f32_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_u32_f16_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_f16_f32_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_u32_f16_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f16_f32_g");
 }
 
@@ -389,20 +431,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25];
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = vec27.v[vj32];
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = grad[v24 * st_grad_0 + i26];
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = v28;
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<float, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = v43;
+                }
+                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = v44;
+                }
+            }
         }
         __syncthreads();
     }
@@ -421,19 +493,19 @@ static opgen_status_t k_embedding_bw_u32_f16_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_f16_f32_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_u32_f16_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_f16_f32_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_u32_f16_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f16_f32_u");
 }
 
@@ -485,20 +557,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25 * st_grad_1]);
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = opgen_f32_to_bf16(v28);
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+            }
         }
         __syncthreads();
     }
@@ -508,9 +586,9 @@ static void k_embedding_bw_u32_bf16_bf16_layout(const int64_t *dims, char *ws, c
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -523,7 +601,7 @@ static void k_embedding_bw_u32_bf16_bf16_layout(const int64_t *dims, char *ws, c
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -555,19 +633,19 @@ static opgen_status_t k_embedding_bw_u32_bf16_bf16_g(const opgen_buf_t *bufs, co
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_bf16_bf16_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_u32_bf16_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_bf16_bf16_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_u32_bf16_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_bf16_bf16_g");
 }
 
@@ -610,20 +688,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25]);
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = opgen_f32_to_bf16(v28);
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<uint16_t, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                }
+            }
         }
         __syncthreads();
     }
@@ -642,19 +750,19 @@ static opgen_status_t k_embedding_bw_u32_bf16_bf16_u(const opgen_buf_t *bufs, co
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_bf16_bf16_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_u32_bf16_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_bf16_bf16_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_u32_bf16_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_bf16_bf16_u");
 }
 
@@ -706,20 +814,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25 * st_grad_1];
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = v28;
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+            }
         }
         __syncthreads();
     }
@@ -729,9 +843,9 @@ static void k_embedding_bw_u32_bf16_f32_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -744,7 +858,7 @@ static void k_embedding_bw_u32_bf16_f32_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -776,19 +890,19 @@ static opgen_status_t k_embedding_bw_u32_bf16_f32_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_bf16_f32_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_u32_bf16_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_bf16_f32_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_u32_bf16_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_bf16_f32_g");
 }
 
@@ -831,20 +945,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25];
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = vec27.v[vj32];
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = grad[v24 * st_grad_0 + i26];
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = v28;
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<float, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = v43;
+                }
+                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = v44;
+                }
+            }
         }
         __syncthreads();
     }
@@ -863,19 +1007,19 @@ static opgen_status_t k_embedding_bw_u32_bf16_f32_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_bf16_f32_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_u32_bf16_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_bf16_f32_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_u32_bf16_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_bf16_f32_u");
 }
 
@@ -927,20 +1071,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25 * st_grad_1]);
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = opgen_f32_to_bf16(v28);
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+            }
         }
         __syncthreads();
     }
@@ -950,9 +1100,9 @@ static void k_embedding_bw_u32_f32_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -965,7 +1115,7 @@ static void k_embedding_bw_u32_f32_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -997,19 +1147,19 @@ static opgen_status_t k_embedding_bw_u32_f32_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_f32_bf16_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_u32_f32_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_f32_bf16_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_u32_f32_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f32_bf16_g");
 }
 
@@ -1052,20 +1202,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25]);
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = opgen_f32_to_bf16(v28);
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<uint16_t, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                }
+            }
         }
         __syncthreads();
     }
@@ -1084,19 +1264,19 @@ static opgen_status_t k_embedding_bw_u32_f32_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_f32_bf16_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_u32_f32_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_f32_bf16_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_u32_f32_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f32_bf16_u");
 }
 
@@ -1148,20 +1328,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25 * st_grad_1];
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = v28;
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+            }
         }
         __syncthreads();
     }
@@ -1171,9 +1357,9 @@ static void k_embedding_bw_u32_f32_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -1186,7 +1372,7 @@ static void k_embedding_bw_u32_f32_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1218,19 +1404,19 @@ static opgen_status_t k_embedding_bw_u32_f32_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_f32_f32_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_u32_f32_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_f32_f32_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_u32_f32_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f32_f32_g");
 }
 
@@ -1273,20 +1459,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25];
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = vec27.v[vj32];
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = grad[v24 * st_grad_0 + i26];
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = v28;
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<float, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = v43;
+                }
+                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = v44;
+                }
+            }
         }
         __syncthreads();
     }
@@ -1305,19 +1521,19 @@ static opgen_status_t k_embedding_bw_u32_f32_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_f32_f32_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_u32_f32_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_f32_f32_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_u32_f32_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f32_f32_u");
 }
 
@@ -1369,20 +1585,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25 * st_grad_1]);
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = opgen_f32_to_bf16(v28);
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+            }
         }
         __syncthreads();
     }
@@ -1392,9 +1614,9 @@ static void k_embedding_bw_u32_f64_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -1407,7 +1629,7 @@ static void k_embedding_bw_u32_f64_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1439,19 +1661,19 @@ static opgen_status_t k_embedding_bw_u32_f64_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_f64_bf16_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_u32_f64_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_f64_bf16_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_u32_f64_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f64_bf16_g");
 }
 
@@ -1494,20 +1716,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25]);
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = opgen_f32_to_bf16(v28);
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<uint16_t, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                }
+            }
         }
         __syncthreads();
     }
@@ -1526,19 +1778,19 @@ static opgen_status_t k_embedding_bw_u32_f64_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_f64_bf16_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_u32_f64_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_f64_bf16_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_u32_f64_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f64_bf16_u");
 }
 
@@ -1590,20 +1842,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25 * st_grad_1];
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = v28;
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+            }
         }
         __syncthreads();
     }
@@ -1613,9 +1871,9 @@ static void k_embedding_bw_u32_f64_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -1628,7 +1886,7 @@ static void k_embedding_bw_u32_f64_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1660,19 +1918,19 @@ static opgen_status_t k_embedding_bw_u32_f64_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_f64_f32_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_u32_f64_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_f64_f32_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_u32_f64_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f64_f32_g");
 }
 
@@ -1715,20 +1973,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25];
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = vec27.v[vj32];
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = grad[v24 * st_grad_0 + i26];
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = v28;
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<float, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = v43;
+                }
+                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = v44;
+                }
+            }
         }
         __syncthreads();
     }
@@ -1747,19 +2035,19 @@ static opgen_status_t k_embedding_bw_u32_f64_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_u32_f64_f32_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_u32_f64_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_u32_f64_f32_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_u32_f64_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f64_f32_u");
 }
 
@@ -1811,20 +2099,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25 * st_grad_1]);
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = opgen_f32_to_bf16(v28);
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+            }
         }
         __syncthreads();
     }
@@ -1834,9 +2128,9 @@ static void k_embedding_bw_i32_f16_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -1849,7 +2143,7 @@ static void k_embedding_bw_i32_f16_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1881,19 +2175,19 @@ static opgen_status_t k_embedding_bw_i32_f16_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_f16_bf16_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i32_f16_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_f16_bf16_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i32_f16_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f16_bf16_g");
 }
 
@@ -1936,20 +2230,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25]);
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = opgen_f32_to_bf16(v28);
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<uint16_t, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                }
+            }
         }
         __syncthreads();
     }
@@ -1968,19 +2292,19 @@ static opgen_status_t k_embedding_bw_i32_f16_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_f16_bf16_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i32_f16_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_f16_bf16_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i32_f16_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f16_bf16_u");
 }
 
@@ -2032,20 +2356,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25 * st_grad_1];
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = v28;
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+            }
         }
         __syncthreads();
     }
@@ -2055,9 +2385,9 @@ static void k_embedding_bw_i32_f16_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -2070,7 +2400,7 @@ static void k_embedding_bw_i32_f16_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2102,19 +2432,19 @@ static opgen_status_t k_embedding_bw_i32_f16_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_f16_f32_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i32_f16_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_f16_f32_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i32_f16_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f16_f32_g");
 }
 
@@ -2157,20 +2487,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25];
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = vec27.v[vj32];
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = grad[v24 * st_grad_0 + i26];
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = v28;
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<float, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = v43;
+                }
+                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = v44;
+                }
+            }
         }
         __syncthreads();
     }
@@ -2189,19 +2549,19 @@ static opgen_status_t k_embedding_bw_i32_f16_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_f16_f32_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i32_f16_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_f16_f32_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i32_f16_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f16_f32_u");
 }
 
@@ -2253,20 +2613,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25 * st_grad_1]);
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = opgen_f32_to_bf16(v28);
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+            }
         }
         __syncthreads();
     }
@@ -2276,9 +2642,9 @@ static void k_embedding_bw_i32_bf16_bf16_layout(const int64_t *dims, char *ws, c
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -2291,7 +2657,7 @@ static void k_embedding_bw_i32_bf16_bf16_layout(const int64_t *dims, char *ws, c
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2323,19 +2689,19 @@ static opgen_status_t k_embedding_bw_i32_bf16_bf16_g(const opgen_buf_t *bufs, co
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_bf16_bf16_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i32_bf16_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_bf16_bf16_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i32_bf16_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_bf16_bf16_g");
 }
 
@@ -2378,20 +2744,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25]);
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = opgen_f32_to_bf16(v28);
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<uint16_t, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                }
+            }
         }
         __syncthreads();
     }
@@ -2410,19 +2806,19 @@ static opgen_status_t k_embedding_bw_i32_bf16_bf16_u(const opgen_buf_t *bufs, co
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_bf16_bf16_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i32_bf16_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_bf16_bf16_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i32_bf16_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_bf16_bf16_u");
 }
 
@@ -2474,20 +2870,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25 * st_grad_1];
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = v28;
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+            }
         }
         __syncthreads();
     }
@@ -2497,9 +2899,9 @@ static void k_embedding_bw_i32_bf16_f32_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -2512,7 +2914,7 @@ static void k_embedding_bw_i32_bf16_f32_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2544,19 +2946,19 @@ static opgen_status_t k_embedding_bw_i32_bf16_f32_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_bf16_f32_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i32_bf16_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_bf16_f32_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i32_bf16_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_bf16_f32_g");
 }
 
@@ -2599,20 +3001,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25];
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = vec27.v[vj32];
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = grad[v24 * st_grad_0 + i26];
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = v28;
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<float, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = v43;
+                }
+                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = v44;
+                }
+            }
         }
         __syncthreads();
     }
@@ -2631,19 +3063,19 @@ static opgen_status_t k_embedding_bw_i32_bf16_f32_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_bf16_f32_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i32_bf16_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_bf16_f32_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i32_bf16_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_bf16_f32_u");
 }
 
@@ -2695,20 +3127,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25 * st_grad_1]);
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = opgen_f32_to_bf16(v28);
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+            }
         }
         __syncthreads();
     }
@@ -2718,9 +3156,9 @@ static void k_embedding_bw_i32_f32_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -2733,7 +3171,7 @@ static void k_embedding_bw_i32_f32_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2765,19 +3203,19 @@ static opgen_status_t k_embedding_bw_i32_f32_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_f32_bf16_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i32_f32_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_f32_bf16_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i32_f32_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f32_bf16_g");
 }
 
@@ -2820,20 +3258,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25]);
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = opgen_f32_to_bf16(v28);
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<uint16_t, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                }
+            }
         }
         __syncthreads();
     }
@@ -2852,19 +3320,19 @@ static opgen_status_t k_embedding_bw_i32_f32_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_f32_bf16_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i32_f32_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_f32_bf16_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i32_f32_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f32_bf16_u");
 }
 
@@ -2916,20 +3384,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25 * st_grad_1];
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = v28;
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+            }
         }
         __syncthreads();
     }
@@ -2939,9 +3413,9 @@ static void k_embedding_bw_i32_f32_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -2954,7 +3428,7 @@ static void k_embedding_bw_i32_f32_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2986,19 +3460,19 @@ static opgen_status_t k_embedding_bw_i32_f32_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_f32_f32_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i32_f32_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_f32_f32_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i32_f32_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f32_f32_g");
 }
 
@@ -3041,20 +3515,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25];
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = vec27.v[vj32];
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = grad[v24 * st_grad_0 + i26];
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = v28;
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<float, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = v43;
+                }
+                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = v44;
+                }
+            }
         }
         __syncthreads();
     }
@@ -3073,19 +3577,19 @@ static opgen_status_t k_embedding_bw_i32_f32_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_f32_f32_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i32_f32_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_f32_f32_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i32_f32_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f32_f32_u");
 }
 
@@ -3137,20 +3641,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25 * st_grad_1]);
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = opgen_f32_to_bf16(v28);
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+            }
         }
         __syncthreads();
     }
@@ -3160,9 +3670,9 @@ static void k_embedding_bw_i32_f64_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -3175,7 +3685,7 @@ static void k_embedding_bw_i32_f64_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -3207,19 +3717,19 @@ static opgen_status_t k_embedding_bw_i32_f64_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_f64_bf16_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i32_f64_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_f64_bf16_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i32_f64_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f64_bf16_g");
 }
 
@@ -3262,20 +3772,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25]);
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = opgen_f32_to_bf16(v28);
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<uint16_t, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                }
+            }
         }
         __syncthreads();
     }
@@ -3294,19 +3834,19 @@ static opgen_status_t k_embedding_bw_i32_f64_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_f64_bf16_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i32_f64_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_f64_bf16_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i32_f64_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f64_bf16_u");
 }
 
@@ -3358,20 +3898,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25 * st_grad_1];
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = v28;
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+            }
         }
         __syncthreads();
     }
@@ -3381,9 +3927,9 @@ static void k_embedding_bw_i32_f64_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -3396,7 +3942,7 @@ static void k_embedding_bw_i32_f64_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -3428,19 +3974,19 @@ static opgen_status_t k_embedding_bw_i32_f64_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_f64_f32_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i32_f64_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_f64_f32_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i32_f64_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f64_f32_g");
 }
 
@@ -3483,20 +4029,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25];
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = vec27.v[vj32];
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = grad[v24 * st_grad_0 + i26];
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = v28;
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<float, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = v43;
+                }
+                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = v44;
+                }
+            }
         }
         __syncthreads();
     }
@@ -3515,19 +4091,19 @@ static opgen_status_t k_embedding_bw_i32_f64_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i32_f64_f32_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i32_f64_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i32_f64_f32_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i32_f64_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f64_f32_u");
 }
 
@@ -3579,20 +4155,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25 * st_grad_1]);
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = opgen_f32_to_bf16(v28);
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+            }
         }
         __syncthreads();
     }
@@ -3602,9 +4184,9 @@ static void k_embedding_bw_i64_f16_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -3617,7 +4199,7 @@ static void k_embedding_bw_i64_f16_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -3649,19 +4231,19 @@ static opgen_status_t k_embedding_bw_i64_f16_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_f16_bf16_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i64_f16_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_f16_bf16_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i64_f16_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f16_bf16_g");
 }
 
@@ -3704,20 +4286,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25]);
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = opgen_f32_to_bf16(v28);
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<uint16_t, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                }
+            }
         }
         __syncthreads();
     }
@@ -3736,19 +4348,19 @@ static opgen_status_t k_embedding_bw_i64_f16_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_f16_bf16_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i64_f16_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_f16_bf16_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i64_f16_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f16_bf16_u");
 }
 
@@ -3800,20 +4412,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25 * st_grad_1];
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = v28;
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+            }
         }
         __syncthreads();
     }
@@ -3823,9 +4441,9 @@ static void k_embedding_bw_i64_f16_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -3838,7 +4456,7 @@ static void k_embedding_bw_i64_f16_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -3870,19 +4488,19 @@ static opgen_status_t k_embedding_bw_i64_f16_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_f16_f32_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i64_f16_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_f16_f32_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i64_f16_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f16_f32_g");
 }
 
@@ -3925,20 +4543,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25];
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = vec27.v[vj32];
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = grad[v24 * st_grad_0 + i26];
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = v28;
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<float, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = v43;
+                }
+                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = v44;
+                }
+            }
         }
         __syncthreads();
     }
@@ -3957,19 +4605,19 @@ static opgen_status_t k_embedding_bw_i64_f16_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_f16_f32_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i64_f16_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_f16_f32_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i64_f16_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f16_f32_u");
 }
 
@@ -4021,20 +4669,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25 * st_grad_1]);
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = opgen_f32_to_bf16(v28);
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+            }
         }
         __syncthreads();
     }
@@ -4044,9 +4698,9 @@ static void k_embedding_bw_i64_bf16_bf16_layout(const int64_t *dims, char *ws, c
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -4059,7 +4713,7 @@ static void k_embedding_bw_i64_bf16_bf16_layout(const int64_t *dims, char *ws, c
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -4091,19 +4745,19 @@ static opgen_status_t k_embedding_bw_i64_bf16_bf16_g(const opgen_buf_t *bufs, co
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_bf16_bf16_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i64_bf16_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_bf16_bf16_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i64_bf16_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_bf16_bf16_g");
 }
 
@@ -4146,20 +4800,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25]);
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = opgen_f32_to_bf16(v28);
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<uint16_t, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                }
+            }
         }
         __syncthreads();
     }
@@ -4178,19 +4862,19 @@ static opgen_status_t k_embedding_bw_i64_bf16_bf16_u(const opgen_buf_t *bufs, co
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_bf16_bf16_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i64_bf16_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_bf16_bf16_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i64_bf16_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_bf16_bf16_u");
 }
 
@@ -4242,20 +4926,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25 * st_grad_1];
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = v28;
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+            }
         }
         __syncthreads();
     }
@@ -4265,9 +4955,9 @@ static void k_embedding_bw_i64_bf16_f32_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -4280,7 +4970,7 @@ static void k_embedding_bw_i64_bf16_f32_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -4312,19 +5002,19 @@ static opgen_status_t k_embedding_bw_i64_bf16_f32_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_bf16_f32_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i64_bf16_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_bf16_f32_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i64_bf16_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_bf16_f32_g");
 }
 
@@ -4367,20 +5057,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25];
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = vec27.v[vj32];
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = grad[v24 * st_grad_0 + i26];
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = v28;
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<float, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = v43;
+                }
+                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = v44;
+                }
+            }
         }
         __syncthreads();
     }
@@ -4399,19 +5119,19 @@ static opgen_status_t k_embedding_bw_i64_bf16_f32_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_bf16_f32_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i64_bf16_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_bf16_f32_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i64_bf16_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_bf16_f32_u");
 }
 
@@ -4463,20 +5183,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25 * st_grad_1]);
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = opgen_f32_to_bf16(v28);
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+            }
         }
         __syncthreads();
     }
@@ -4486,9 +5212,9 @@ static void k_embedding_bw_i64_f32_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -4501,7 +5227,7 @@ static void k_embedding_bw_i64_f32_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -4533,19 +5259,19 @@ static opgen_status_t k_embedding_bw_i64_f32_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_f32_bf16_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i64_f32_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_f32_bf16_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i64_f32_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f32_bf16_g");
 }
 
@@ -4588,20 +5314,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25]);
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = opgen_f32_to_bf16(v28);
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<uint16_t, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                }
+            }
         }
         __syncthreads();
     }
@@ -4620,19 +5376,19 @@ static opgen_status_t k_embedding_bw_i64_f32_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_f32_bf16_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i64_f32_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_f32_bf16_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i64_f32_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f32_bf16_u");
 }
 
@@ -4684,20 +5440,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25 * st_grad_1];
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = v28;
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+            }
         }
         __syncthreads();
     }
@@ -4707,9 +5469,9 @@ static void k_embedding_bw_i64_f32_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -4722,7 +5484,7 @@ static void k_embedding_bw_i64_f32_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -4754,19 +5516,19 @@ static opgen_status_t k_embedding_bw_i64_f32_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_f32_f32_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i64_f32_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_f32_f32_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i64_f32_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f32_f32_g");
 }
 
@@ -4809,20 +5571,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25];
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = vec27.v[vj32];
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = grad[v24 * st_grad_0 + i26];
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = v28;
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<float, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = v43;
+                }
+                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = v44;
+                }
+            }
         }
         __syncthreads();
     }
@@ -4841,19 +5633,19 @@ static opgen_status_t k_embedding_bw_i64_f32_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_f32_f32_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i64_f32_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_f32_f32_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i64_f32_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f32_f32_u");
 }
 
@@ -4905,20 +5697,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25 * st_grad_1]);
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = opgen_f32_to_bf16(v28);
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+            }
         }
         __syncthreads();
     }
@@ -4928,9 +5726,9 @@ static void k_embedding_bw_i64_f64_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -4943,7 +5741,7 @@ static void k_embedding_bw_i64_f64_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -4975,19 +5773,19 @@ static opgen_status_t k_embedding_bw_i64_f64_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_f64_bf16_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i64_f64_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_f64_bf16_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i64_f64_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f64_bf16_g");
 }
 
@@ -5030,20 +5828,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i25]);
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = opgen_f32_to_bf16(v28);
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<uint16_t, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                }
+            }
         }
         __syncthreads();
     }
@@ -5062,19 +5890,19 @@ static opgen_status_t k_embedding_bw_i64_f64_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_f64_bf16_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i64_f64_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_f64_bf16_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i64_f64_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f64_bf16_u");
 }
 
@@ -5126,20 +5954,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25 * st_grad_1];
-                l18[i25] += v26;
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
+                    l18[i26] += v32;
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27 * st_out_1] = v28;
+        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
+            const int64_t vb38 = v13 + vq39 * 4;
+            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
+                const float v40 = l18[i34];
+                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+            }
         }
         __syncthreads();
     }
@@ -5149,9 +5983,9 @@ static void k_embedding_bw_i64_f64_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v29 = 0ll;
-    const int64_t v30 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v30 - v29, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v41 = 0ll;
+    const int64_t v42 = d_V;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -5164,7 +5998,7 @@ static void k_embedding_bw_i64_f64_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v30));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -5196,19 +6030,19 @@ static opgen_status_t k_embedding_bw_i64_f64_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_f64_f32_g_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_N;
+    const int64_t v45 = 0ll;
+    const int64_t v46 = d_V;
+    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid47 > 0) k_embedding_bw_i64_f64_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_f64_f32_g_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid48 > 0) k_embedding_bw_i64_f64_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f64_f32_g");
 }
 
@@ -5251,20 +6085,50 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
         float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS) l18[z19] = (float)0;
+        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
         const int64_t v20 = t2[i17];
         const int64_t v21 = i17 + v15;
         const int64_t v22 = t2[v21];
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t3[i23];
-            for (int64_t i25 = v13 + (int64_t)threadIdx.x; i25 < v16; i25 += OPGEN_CUDA_THREADS) {
-                const float v26 = grad[v24 * st_grad_0 + i25];
-                l18[i25] += v26;
+            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
+            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
+                const int64_t vb30 = v13 + vq31 * 4;
+                if (vok29 && vb30 + 4 <= v16) {
+                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
+                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+                    #pragma unroll
+                    for (int vj32 = 0; vj32 < 4; vj32++) {
+                        const float v33 = vec27.v[vj32];
+                        vec28.v[vj32] += v33;
+                    }
+                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                } else {
+                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
+                        const float v34 = grad[v24 * st_grad_0 + i26];
+                        l18[i26] += v34;
+                    }
+                }
             }
         }
-        for (int64_t i27 = v13 + (int64_t)threadIdx.x; i27 < v16; i27 += OPGEN_CUDA_THREADS) {
-            const float v28 = l18[i27];
-            out[i17 * st_out_0 + i27] = v28;
+        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
+            if (vok39 && vb40 + 4 <= v16) {
+                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
+                opgen_vec<float, 4> vec38;
+                #pragma unroll
+                for (int vj42 = 0; vj42 < 4; vj42++) {
+                    const float v43 = vec37.v[vj42];
+                    vec38.v[vj42] = v43;
+                }
+                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+            } else {
+                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
+                    const float v44 = l18[i36];
+                    out[i17 * st_out_0 + i36] = v44;
+                }
+            }
         }
         __syncthreads();
     }
@@ -5283,19 +6147,19 @@ static opgen_status_t k_embedding_bw_i64_f64_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v31 = 0ll;
-    const int64_t v32 = d_N;
-    const int64_t v33 = 0ll;
-    const int64_t v34 = d_V;
-    const int64_t grid35 = opgen_cuda_grid((v32 - v31 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid35 > 0) k_embedding_bw_i64_f64_f32_u_k0<<<(unsigned)grid35, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v47 = 0ll;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_V;
+    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid51 > 0) k_embedding_bw_i64_f64_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v34, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v34), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid36 = opgen_cuda_grid(v34 - v33, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid36 > 0) k_embedding_bw_i64_f64_f32_u_k1<<<(unsigned)grid36, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid52 > 0) k_embedding_bw_i64_f64_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f64_f32_u");
 }
 

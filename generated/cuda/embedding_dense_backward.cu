@@ -77,7 +77,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -91,18 +91,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45 * st_grad_1];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = v52;
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+            }
         }
         __syncthreads();
     }
@@ -112,9 +118,9 @@ static void k_embedding_dense_backward_f32_f32_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -129,7 +135,7 @@ static void k_embedding_dense_backward_f32_f32_layout(const int64_t *dims, char 
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -161,26 +167,26 @@ static opgen_status_t k_embedding_dense_backward_f32_f32_g(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_f32_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_f32_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_f32_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f32_f32_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f32_f32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f32_f32_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_f32_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f32_f32_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f32_g");
 }
 
@@ -258,7 +264,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -272,18 +278,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = vec47.v[vj52];
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = grad[ro_grad[v36] + i46];
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = v52;
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<float, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = v70;
+                }
+                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = v72;
+                }
+            }
         }
         __syncthreads();
     }
@@ -302,26 +342,26 @@ static opgen_status_t k_embedding_dense_backward_f32_f32_u(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_f32_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_f32_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_f32_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f32_f32_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f32_f32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f32_f32_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_f32_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f32_f32_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f32_u");
 }
 
@@ -407,7 +447,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -421,18 +461,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45 * st_grad_1];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = v52;
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+            }
         }
         __syncthreads();
     }
@@ -442,9 +488,9 @@ static void k_embedding_dense_backward_f32_f16_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -459,7 +505,7 @@ static void k_embedding_dense_backward_f32_f16_layout(const int64_t *dims, char 
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -491,26 +537,26 @@ static opgen_status_t k_embedding_dense_backward_f32_f16_g(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_f16_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_f16_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_f16_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f32_f16_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f32_f16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f32_f16_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_f16_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f32_f16_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f16_g");
 }
 
@@ -588,7 +634,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -602,18 +648,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = vec47.v[vj52];
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = grad[ro_grad[v36] + i46];
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = v52;
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<float, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = v70;
+                }
+                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = v72;
+                }
+            }
         }
         __syncthreads();
     }
@@ -632,26 +712,26 @@ static opgen_status_t k_embedding_dense_backward_f32_f16_u(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_f16_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_f16_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_f16_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f32_f16_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f32_f16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f32_f16_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_f16_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f32_f16_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f16_u");
 }
 
@@ -737,7 +817,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -751,18 +831,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45 * st_grad_1];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = v52;
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+            }
         }
         __syncthreads();
     }
@@ -772,9 +858,9 @@ static void k_embedding_dense_backward_f32_f64_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -789,7 +875,7 @@ static void k_embedding_dense_backward_f32_f64_layout(const int64_t *dims, char 
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -821,26 +907,26 @@ static opgen_status_t k_embedding_dense_backward_f32_f64_g(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_f64_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_f64_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_f64_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f32_f64_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f32_f64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f32_f64_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_f64_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f32_f64_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f64_g");
 }
 
@@ -918,7 +1004,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -932,18 +1018,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = vec47.v[vj52];
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = grad[ro_grad[v36] + i46];
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = v52;
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<float, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = v70;
+                }
+                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = v72;
+                }
+            }
         }
         __syncthreads();
     }
@@ -962,26 +1082,26 @@ static opgen_status_t k_embedding_dense_backward_f32_f64_u(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_f64_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_f64_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_f64_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f32_f64_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f32_f64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f32_f64_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_f64_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f32_f64_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f64_u");
 }
 
@@ -1067,7 +1187,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -1081,18 +1201,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45 * st_grad_1];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = v52;
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+            }
         }
         __syncthreads();
     }
@@ -1102,9 +1228,9 @@ static void k_embedding_dense_backward_f32_i32_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -1119,7 +1245,7 @@ static void k_embedding_dense_backward_f32_i32_layout(const int64_t *dims, char 
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1151,26 +1277,26 @@ static opgen_status_t k_embedding_dense_backward_f32_i32_g(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_i32_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_i32_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_i32_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f32_i32_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f32_i32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f32_i32_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_i32_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f32_i32_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i32_g");
 }
 
@@ -1248,7 +1374,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -1262,18 +1388,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = vec47.v[vj52];
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = grad[ro_grad[v36] + i46];
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = v52;
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<float, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = v70;
+                }
+                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = v72;
+                }
+            }
         }
         __syncthreads();
     }
@@ -1292,26 +1452,26 @@ static opgen_status_t k_embedding_dense_backward_f32_i32_u(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_i32_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_i32_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_i32_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f32_i32_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f32_i32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f32_i32_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_i32_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f32_i32_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i32_u");
 }
 
@@ -1397,7 +1557,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -1411,18 +1571,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45 * st_grad_1];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = v52;
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+            }
         }
         __syncthreads();
     }
@@ -1432,9 +1598,9 @@ static void k_embedding_dense_backward_f32_i64_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -1449,7 +1615,7 @@ static void k_embedding_dense_backward_f32_i64_layout(const int64_t *dims, char 
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1481,26 +1647,26 @@ static opgen_status_t k_embedding_dense_backward_f32_i64_g(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_i64_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_i64_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_i64_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f32_i64_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f32_i64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f32_i64_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_i64_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f32_i64_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i64_g");
 }
 
@@ -1578,7 +1744,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -1592,18 +1758,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = vec47.v[vj52];
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = grad[ro_grad[v36] + i46];
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = v52;
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<float, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = v70;
+                }
+                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = v72;
+                }
+            }
         }
         __syncthreads();
     }
@@ -1622,26 +1822,26 @@ static opgen_status_t k_embedding_dense_backward_f32_i64_u(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_i64_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_i64_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_i64_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f32_i64_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f32_i64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f32_i64_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_i64_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f32_i64_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i64_u");
 }
 
@@ -1727,7 +1927,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -1741,18 +1941,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45 * st_grad_1];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = v52;
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+            }
         }
         __syncthreads();
     }
@@ -1762,9 +1968,9 @@ static void k_embedding_dense_backward_f32_i16_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -1779,7 +1985,7 @@ static void k_embedding_dense_backward_f32_i16_layout(const int64_t *dims, char 
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1811,26 +2017,26 @@ static opgen_status_t k_embedding_dense_backward_f32_i16_g(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_i16_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_i16_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_i16_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f32_i16_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f32_i16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f32_i16_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_i16_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f32_i16_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i16_g");
 }
 
@@ -1908,7 +2114,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -1922,18 +2128,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = vec47.v[vj52];
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = grad[ro_grad[v36] + i46];
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = v52;
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<float, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = v70;
+                }
+                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = v72;
+                }
+            }
         }
         __syncthreads();
     }
@@ -1952,26 +2192,26 @@ static opgen_status_t k_embedding_dense_backward_f32_i16_u(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_i16_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_i16_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_i16_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f32_i16_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f32_i16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f32_i16_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_i16_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f32_i16_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i16_u");
 }
 
@@ -2057,7 +2297,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -2071,18 +2311,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45 * st_grad_1];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = v52;
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+            }
         }
         __syncthreads();
     }
@@ -2092,9 +2338,9 @@ static void k_embedding_dense_backward_f32_i8_layout(const int64_t *dims, char *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -2109,7 +2355,7 @@ static void k_embedding_dense_backward_f32_i8_layout(const int64_t *dims, char *
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2141,26 +2387,26 @@ static opgen_status_t k_embedding_dense_backward_f32_i8_g(const opgen_buf_t *buf
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_i8_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_i8_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_i8_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f32_i8_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f32_i8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f32_i8_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_i8_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f32_i8_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i8_g");
 }
 
@@ -2238,7 +2484,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -2252,18 +2498,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = vec47.v[vj52];
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = grad[ro_grad[v36] + i46];
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = v52;
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<float, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = v70;
+                }
+                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = v72;
+                }
+            }
         }
         __syncthreads();
     }
@@ -2282,26 +2562,26 @@ static opgen_status_t k_embedding_dense_backward_f32_i8_u(const opgen_buf_t *buf
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_i8_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_i8_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_i8_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f32_i8_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f32_i8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f32_i8_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_i8_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f32_i8_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i8_u");
 }
 
@@ -2387,7 +2667,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -2401,18 +2681,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45 * st_grad_1];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = v52;
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+            }
         }
         __syncthreads();
     }
@@ -2422,9 +2708,9 @@ static void k_embedding_dense_backward_f32_u8_layout(const int64_t *dims, char *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -2439,7 +2725,7 @@ static void k_embedding_dense_backward_f32_u8_layout(const int64_t *dims, char *
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2471,26 +2757,26 @@ static opgen_status_t k_embedding_dense_backward_f32_u8_g(const opgen_buf_t *buf
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_u8_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_u8_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_u8_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f32_u8_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f32_u8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f32_u8_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_u8_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f32_u8_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_u8_g");
 }
 
@@ -2568,7 +2854,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -2582,18 +2868,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = vec47.v[vj52];
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = grad[ro_grad[v36] + i46];
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = v52;
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<float, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = v70;
+                }
+                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = v72;
+                }
+            }
         }
         __syncthreads();
     }
@@ -2612,26 +2932,26 @@ static opgen_status_t k_embedding_dense_backward_f32_u8_u(const opgen_buf_t *buf
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_u8_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_u8_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_u8_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f32_u8_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f32_u8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f32_u8_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_u8_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f32_u8_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_u8_u");
 }
 
@@ -2717,7 +3037,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -2731,18 +3051,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45 * st_grad_1];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = v52;
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+            }
         }
         __syncthreads();
     }
@@ -2752,9 +3078,9 @@ static void k_embedding_dense_backward_f32_bool_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -2769,7 +3095,7 @@ static void k_embedding_dense_backward_f32_bool_layout(const int64_t *dims, char
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2801,26 +3127,26 @@ static opgen_status_t k_embedding_dense_backward_f32_bool_g(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_bool_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_bool_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_bool_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f32_bool_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f32_bool_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f32_bool_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_bool_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f32_bool_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_bool_g");
 }
 
@@ -2898,7 +3224,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -2912,18 +3238,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = grad[ro_grad[v36] + i45];
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = vec47.v[vj52];
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = grad[ro_grad[v36] + i46];
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = v52;
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<float, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = v70;
+                }
+                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = v72;
+                }
+            }
         }
         __syncthreads();
     }
@@ -2942,26 +3302,26 @@ static opgen_status_t k_embedding_dense_backward_f32_bool_u(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f32_bool_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f32_bool_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f32_bool_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f32_bool_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f32_bool_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f32_bool_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f32_bool_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f32_bool_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_bool_u");
 }
 
@@ -3047,7 +3407,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -3061,18 +3421,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_f16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+            }
         }
         __syncthreads();
     }
@@ -3082,9 +3448,9 @@ static void k_embedding_dense_backward_f16_f32_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -3099,7 +3465,7 @@ static void k_embedding_dense_backward_f16_f32_layout(const int64_t *dims, char 
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -3131,26 +3497,26 @@ static opgen_status_t k_embedding_dense_backward_f16_f32_g(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_f32_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_f32_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_f32_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f16_f32_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f16_f32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f16_f32_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_f32_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f16_f32_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f32_g");
 }
 
@@ -3228,7 +3594,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -3242,18 +3608,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_f16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -3272,26 +3672,26 @@ static opgen_status_t k_embedding_dense_backward_f16_f32_u(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_f32_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_f32_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_f32_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f16_f32_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f16_f32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f16_f32_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_f32_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f16_f32_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f32_u");
 }
 
@@ -3377,7 +3777,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -3391,18 +3791,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_f16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+            }
         }
         __syncthreads();
     }
@@ -3412,9 +3818,9 @@ static void k_embedding_dense_backward_f16_f16_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -3429,7 +3835,7 @@ static void k_embedding_dense_backward_f16_f16_layout(const int64_t *dims, char 
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -3461,26 +3867,26 @@ static opgen_status_t k_embedding_dense_backward_f16_f16_g(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_f16_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_f16_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_f16_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f16_f16_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f16_f16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f16_f16_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_f16_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f16_f16_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f16_g");
 }
 
@@ -3558,7 +3964,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -3572,18 +3978,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_f16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -3602,26 +4042,26 @@ static opgen_status_t k_embedding_dense_backward_f16_f16_u(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_f16_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_f16_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_f16_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f16_f16_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f16_f16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f16_f16_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_f16_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f16_f16_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f16_u");
 }
 
@@ -3707,7 +4147,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -3721,18 +4161,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_f16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+            }
         }
         __syncthreads();
     }
@@ -3742,9 +4188,9 @@ static void k_embedding_dense_backward_f16_f64_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -3759,7 +4205,7 @@ static void k_embedding_dense_backward_f16_f64_layout(const int64_t *dims, char 
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -3791,26 +4237,26 @@ static opgen_status_t k_embedding_dense_backward_f16_f64_g(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_f64_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_f64_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_f64_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f16_f64_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f16_f64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f16_f64_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_f64_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f16_f64_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f64_g");
 }
 
@@ -3888,7 +4334,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -3902,18 +4348,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_f16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -3932,26 +4412,26 @@ static opgen_status_t k_embedding_dense_backward_f16_f64_u(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_f64_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_f64_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_f64_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f16_f64_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f16_f64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f16_f64_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_f64_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f16_f64_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f64_u");
 }
 
@@ -4037,7 +4517,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -4051,18 +4531,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_f16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+            }
         }
         __syncthreads();
     }
@@ -4072,9 +4558,9 @@ static void k_embedding_dense_backward_f16_i32_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -4089,7 +4575,7 @@ static void k_embedding_dense_backward_f16_i32_layout(const int64_t *dims, char 
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -4121,26 +4607,26 @@ static opgen_status_t k_embedding_dense_backward_f16_i32_g(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_i32_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_i32_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_i32_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f16_i32_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f16_i32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f16_i32_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_i32_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f16_i32_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i32_g");
 }
 
@@ -4218,7 +4704,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -4232,18 +4718,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_f16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -4262,26 +4782,26 @@ static opgen_status_t k_embedding_dense_backward_f16_i32_u(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_i32_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_i32_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_i32_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f16_i32_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f16_i32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f16_i32_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_i32_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f16_i32_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i32_u");
 }
 
@@ -4367,7 +4887,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -4381,18 +4901,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_f16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+            }
         }
         __syncthreads();
     }
@@ -4402,9 +4928,9 @@ static void k_embedding_dense_backward_f16_i64_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -4419,7 +4945,7 @@ static void k_embedding_dense_backward_f16_i64_layout(const int64_t *dims, char 
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -4451,26 +4977,26 @@ static opgen_status_t k_embedding_dense_backward_f16_i64_g(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_i64_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_i64_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_i64_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f16_i64_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f16_i64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f16_i64_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_i64_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f16_i64_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i64_g");
 }
 
@@ -4548,7 +5074,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -4562,18 +5088,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_f16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -4592,26 +5152,26 @@ static opgen_status_t k_embedding_dense_backward_f16_i64_u(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_i64_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_i64_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_i64_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f16_i64_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f16_i64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f16_i64_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_i64_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f16_i64_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i64_u");
 }
 
@@ -4697,7 +5257,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -4711,18 +5271,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_f16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+            }
         }
         __syncthreads();
     }
@@ -4732,9 +5298,9 @@ static void k_embedding_dense_backward_f16_i16_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -4749,7 +5315,7 @@ static void k_embedding_dense_backward_f16_i16_layout(const int64_t *dims, char 
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -4781,26 +5347,26 @@ static opgen_status_t k_embedding_dense_backward_f16_i16_g(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_i16_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_i16_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_i16_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f16_i16_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f16_i16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f16_i16_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_i16_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f16_i16_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i16_g");
 }
 
@@ -4878,7 +5444,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -4892,18 +5458,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_f16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -4922,26 +5522,26 @@ static opgen_status_t k_embedding_dense_backward_f16_i16_u(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_i16_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_i16_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_i16_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f16_i16_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f16_i16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f16_i16_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_i16_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f16_i16_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i16_u");
 }
 
@@ -5027,7 +5627,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -5041,18 +5641,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_f16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+            }
         }
         __syncthreads();
     }
@@ -5062,9 +5668,9 @@ static void k_embedding_dense_backward_f16_i8_layout(const int64_t *dims, char *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -5079,7 +5685,7 @@ static void k_embedding_dense_backward_f16_i8_layout(const int64_t *dims, char *
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -5111,26 +5717,26 @@ static opgen_status_t k_embedding_dense_backward_f16_i8_g(const opgen_buf_t *buf
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_i8_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_i8_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_i8_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f16_i8_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f16_i8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f16_i8_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_i8_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f16_i8_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i8_g");
 }
 
@@ -5208,7 +5814,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -5222,18 +5828,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_f16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -5252,26 +5892,26 @@ static opgen_status_t k_embedding_dense_backward_f16_i8_u(const opgen_buf_t *buf
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_i8_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_i8_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_i8_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f16_i8_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f16_i8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f16_i8_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_i8_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f16_i8_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i8_u");
 }
 
@@ -5357,7 +5997,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -5371,18 +6011,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_f16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+            }
         }
         __syncthreads();
     }
@@ -5392,9 +6038,9 @@ static void k_embedding_dense_backward_f16_u8_layout(const int64_t *dims, char *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -5409,7 +6055,7 @@ static void k_embedding_dense_backward_f16_u8_layout(const int64_t *dims, char *
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -5441,26 +6087,26 @@ static opgen_status_t k_embedding_dense_backward_f16_u8_g(const opgen_buf_t *buf
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_u8_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_u8_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_u8_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f16_u8_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f16_u8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f16_u8_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_u8_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f16_u8_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_u8_g");
 }
 
@@ -5538,7 +6184,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -5552,18 +6198,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_f16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -5582,26 +6262,26 @@ static opgen_status_t k_embedding_dense_backward_f16_u8_u(const opgen_buf_t *buf
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_u8_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_u8_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_u8_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f16_u8_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f16_u8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f16_u8_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_u8_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f16_u8_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_u8_u");
 }
 
@@ -5687,7 +6367,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -5701,18 +6381,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_f16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+            }
         }
         __syncthreads();
     }
@@ -5722,9 +6408,9 @@ static void k_embedding_dense_backward_f16_bool_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -5739,7 +6425,7 @@ static void k_embedding_dense_backward_f16_bool_layout(const int64_t *dims, char
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -5771,26 +6457,26 @@ static opgen_status_t k_embedding_dense_backward_f16_bool_g(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_bool_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_bool_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_bool_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_f16_bool_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_f16_bool_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_f16_bool_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_bool_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_f16_bool_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_bool_g");
 }
 
@@ -5868,7 +6554,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -5882,18 +6568,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_f16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_f16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -5912,26 +6632,26 @@ static opgen_status_t k_embedding_dense_backward_f16_bool_u(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_f16_bool_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_f16_bool_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_f16_bool_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_f16_bool_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_f16_bool_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_f16_bool_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_f16_bool_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_f16_bool_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_bool_u");
 }
 
@@ -6017,7 +6737,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -6031,18 +6751,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_bf16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+            }
         }
         __syncthreads();
     }
@@ -6052,9 +6778,9 @@ static void k_embedding_dense_backward_bf16_f32_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -6069,7 +6795,7 @@ static void k_embedding_dense_backward_bf16_f32_layout(const int64_t *dims, char
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -6101,26 +6827,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32_g(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_f32_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_f32_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_f32_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_bf16_f32_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_bf16_f32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_bf16_f32_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_f32_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_bf16_f32_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f32_g");
 }
 
@@ -6198,7 +6924,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -6212,18 +6938,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_bf16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -6242,26 +7002,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32_u(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_f32_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_f32_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_f32_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_bf16_f32_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_bf16_f32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_bf16_f32_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_f32_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_bf16_f32_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f32_u");
 }
 
@@ -6347,7 +7107,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -6361,18 +7121,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_bf16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+            }
         }
         __syncthreads();
     }
@@ -6382,9 +7148,9 @@ static void k_embedding_dense_backward_bf16_f16_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -6399,7 +7165,7 @@ static void k_embedding_dense_backward_bf16_f16_layout(const int64_t *dims, char
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -6431,26 +7197,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16_g(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_f16_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_f16_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_f16_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_bf16_f16_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_bf16_f16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_bf16_f16_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_f16_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_bf16_f16_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f16_g");
 }
 
@@ -6528,7 +7294,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -6542,18 +7308,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_bf16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -6572,26 +7372,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16_u(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_f16_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_f16_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_f16_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_bf16_f16_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_bf16_f16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_bf16_f16_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_f16_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_bf16_f16_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f16_u");
 }
 
@@ -6677,7 +7477,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -6691,18 +7491,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_bf16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+            }
         }
         __syncthreads();
     }
@@ -6712,9 +7518,9 @@ static void k_embedding_dense_backward_bf16_f64_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -6729,7 +7535,7 @@ static void k_embedding_dense_backward_bf16_f64_layout(const int64_t *dims, char
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -6761,26 +7567,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64_g(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_f64_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_f64_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_f64_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_bf16_f64_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_bf16_f64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_bf16_f64_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_f64_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_bf16_f64_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f64_g");
 }
 
@@ -6858,7 +7664,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -6872,18 +7678,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_bf16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -6902,26 +7742,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64_u(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_f64_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_f64_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_f64_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_bf16_f64_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_bf16_f64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_bf16_f64_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_f64_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_bf16_f64_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f64_u");
 }
 
@@ -7007,7 +7847,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -7021,18 +7861,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_bf16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+            }
         }
         __syncthreads();
     }
@@ -7042,9 +7888,9 @@ static void k_embedding_dense_backward_bf16_i32_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -7059,7 +7905,7 @@ static void k_embedding_dense_backward_bf16_i32_layout(const int64_t *dims, char
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -7091,26 +7937,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32_g(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_i32_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_i32_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_i32_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_bf16_i32_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_bf16_i32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_bf16_i32_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_i32_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_bf16_i32_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i32_g");
 }
 
@@ -7188,7 +8034,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -7202,18 +8048,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_bf16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -7232,26 +8112,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32_u(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_i32_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_i32_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_i32_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_bf16_i32_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_bf16_i32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_bf16_i32_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_i32_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_bf16_i32_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i32_u");
 }
 
@@ -7337,7 +8217,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -7351,18 +8231,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_bf16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+            }
         }
         __syncthreads();
     }
@@ -7372,9 +8258,9 @@ static void k_embedding_dense_backward_bf16_i64_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -7389,7 +8275,7 @@ static void k_embedding_dense_backward_bf16_i64_layout(const int64_t *dims, char
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -7421,26 +8307,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64_g(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_i64_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_i64_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_i64_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_bf16_i64_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_bf16_i64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_bf16_i64_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_i64_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_bf16_i64_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i64_g");
 }
 
@@ -7518,7 +8404,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -7532,18 +8418,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_bf16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -7562,26 +8482,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64_u(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_i64_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_i64_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_i64_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_bf16_i64_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_bf16_i64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_bf16_i64_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_i64_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_bf16_i64_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i64_u");
 }
 
@@ -7667,7 +8587,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -7681,18 +8601,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_bf16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+            }
         }
         __syncthreads();
     }
@@ -7702,9 +8628,9 @@ static void k_embedding_dense_backward_bf16_i16_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -7719,7 +8645,7 @@ static void k_embedding_dense_backward_bf16_i16_layout(const int64_t *dims, char
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -7751,26 +8677,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16_g(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_i16_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_i16_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_i16_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_bf16_i16_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_bf16_i16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_bf16_i16_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_i16_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_bf16_i16_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i16_g");
 }
 
@@ -7848,7 +8774,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -7862,18 +8788,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_bf16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -7892,26 +8852,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16_u(const opgen_buf_t *b
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_i16_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_i16_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_i16_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_bf16_i16_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_bf16_i16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_bf16_i16_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_i16_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_bf16_i16_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i16_u");
 }
 
@@ -7997,7 +8957,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -8011,18 +8971,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_bf16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+            }
         }
         __syncthreads();
     }
@@ -8032,9 +8998,9 @@ static void k_embedding_dense_backward_bf16_i8_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -8049,7 +9015,7 @@ static void k_embedding_dense_backward_bf16_i8_layout(const int64_t *dims, char 
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -8081,26 +9047,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8_g(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_i8_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_i8_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_i8_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_bf16_i8_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_bf16_i8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_bf16_i8_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_i8_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_bf16_i8_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i8_g");
 }
 
@@ -8178,7 +9144,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -8192,18 +9158,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_bf16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -8222,26 +9222,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8_u(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_i8_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_i8_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_i8_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_bf16_i8_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_bf16_i8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_bf16_i8_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_i8_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_bf16_i8_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i8_u");
 }
 
@@ -8327,7 +9327,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -8341,18 +9341,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_bf16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+            }
         }
         __syncthreads();
     }
@@ -8362,9 +9368,9 @@ static void k_embedding_dense_backward_bf16_u8_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -8379,7 +9385,7 @@ static void k_embedding_dense_backward_bf16_u8_layout(const int64_t *dims, char 
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -8411,26 +9417,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8_g(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_u8_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_u8_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_u8_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_bf16_u8_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_bf16_u8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_bf16_u8_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_u8_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_bf16_u8_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_u8_g");
 }
 
@@ -8508,7 +9514,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -8522,18 +9528,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_bf16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -8552,26 +9592,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8_u(const opgen_buf_t *bu
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_u8_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_u8_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_u8_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_bf16_u8_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_bf16_u8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_bf16_u8_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_u8_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_bf16_u8_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_u8_u");
 }
 
@@ -8657,7 +9697,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -8671,18 +9711,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45 * st_grad_1]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
+                    const float v53 = v52;
+                    const float v54 = v53 * v44;
+                    const float v55 = v39 ? v54 : v28;
+                    l30[i46] += v55;
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50 * st_out_1] = opgen_f32_to_bf16(v52);
+        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v23 + vq62 * 4;
+            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
+                const float v63 = l30[i57];
+                const float v64 = v63;
+                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+            }
         }
         __syncthreads();
     }
@@ -8692,9 +9738,9 @@ static void k_embedding_dense_backward_bf16_bool_layout(const int64_t *dims, cha
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v54 - v53, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_V;
+    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -8709,7 +9755,7 @@ static void k_embedding_dense_backward_bf16_bool_layout(const int64_t *dims, cha
     if (wsp) wsp[5] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -8741,26 +9787,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_bool_g(const opgen_buf_t *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_bool_g_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_bool_g_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_bool_g_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_V;
+    const int64_t v71 = d_N;
+    const int64_t v72 = 0ll;
+    const int64_t v73 = d_V;
+    const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid74 > 0) k_embedding_dense_backward_bf16_bool_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid75 > 0) k_embedding_dense_backward_bf16_bool_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid76 > 0) k_embedding_dense_backward_bf16_bool_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_bool_g_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid77 > 0) k_embedding_dense_backward_bf16_bool_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_bool_g");
 }
 
@@ -8838,7 +9884,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
         float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS) l30[z31] = (float)0;
+        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
         const int64_t v32 = t3[i29];
         const int64_t v33 = i29 + v25;
         const int64_t v34 = t3[v33];
@@ -8852,18 +9898,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
             const float v42 = (float)(v41);
             const float v43 = v27 / v42;
             const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t i45 = v23 + (int64_t)threadIdx.x; i45 < v26; i45 += OPGEN_CUDA_THREADS) {
-                const float v46 = opgen_bf16_to_f32(grad[ro_grad[v36] + i45]);
-                const float v47 = v46;
-                const float v48 = v47 * v44;
-                const float v49 = v39 ? v48 : v28;
-                l30[i45] += v49;
+            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
+            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
+                const int64_t vb50 = v23 + vq51 * 4;
+                if (vok49 && vb50 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
+                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+                    #pragma unroll
+                    for (int vj52 = 0; vj52 < 4; vj52++) {
+                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v44;
+                        const float v56 = v39 ? v55 : v28;
+                        vec48.v[vj52] += v56;
+                    }
+                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                } else {
+                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
+                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
+                        const float v58 = v57;
+                        const float v59 = v58 * v44;
+                        const float v60 = v39 ? v59 : v28;
+                        l30[i46] += v60;
+                    }
+                }
             }
         }
-        for (int64_t i50 = v23 + (int64_t)threadIdx.x; i50 < v26; i50 += OPGEN_CUDA_THREADS) {
-            const float v51 = l30[i50];
-            const float v52 = v51;
-            out[i29 * st_out_0 + i50] = opgen_f32_to_bf16(v52);
+        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
+        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
+            const int64_t vb66 = v23 + vq67 * 4;
+            if (vok65 && vb66 + 4 <= v26) {
+                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
+                opgen_vec<uint16_t, 4> vec64;
+                #pragma unroll
+                for (int vj68 = 0; vj68 < 4; vj68++) {
+                    const float v69 = vec63.v[vj68];
+                    const float v70 = v69;
+                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                }
+                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+            } else {
+                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
+                    const float v71 = l30[i62];
+                    const float v72 = v71;
+                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                }
+            }
         }
         __syncthreads();
     }
@@ -8882,26 +9962,26 @@ static opgen_status_t k_embedding_dense_backward_bf16_bool_u(const opgen_buf_t *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v55 = 0ll;
-    const int64_t v56 = d_N;
-    const int64_t v57 = 0ll;
-    const int64_t v58 = d_V;
-    const int64_t v59 = d_N;
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t grid62 = opgen_cuda_grid((v56 - v55 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid62 > 0) k_embedding_dense_backward_bf16_bool_u_k0<<<(unsigned)grid62, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid63 = opgen_cuda_grid((v58 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid63 > 0) k_embedding_dense_backward_bf16_bool_u_k1<<<(unsigned)grid63, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid64 = opgen_cuda_grid((v59 - v57 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid64 > 0) k_embedding_dense_backward_bf16_bool_u_k2<<<(unsigned)grid64, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_N;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_V;
+    const int64_t v79 = d_N;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = d_V;
+    const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid82 > 0) k_embedding_dense_backward_bf16_bool_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid83 > 0) k_embedding_dense_backward_bf16_bool_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid84 > 0) k_embedding_dense_backward_bf16_bool_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v61), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid65 = opgen_cuda_grid(v61 - v60, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid65 > 0) k_embedding_dense_backward_bf16_bool_u_k3<<<(unsigned)grid65, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid85 > 0) k_embedding_dense_backward_bf16_bool_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_bool_u");
 }
 

@@ -146,6 +146,12 @@ static __device__ __forceinline__ void opgen_dev_fail(unsigned int *err, unsigne
     if (sticky) atomicCAS(sticky, 0u, code);
 }
 
+/* N consecutive elements moved as one (8- or 16-byte) access by the unit-stride flavour. */
+template <typename T, int N>
+struct __align__(sizeof(T) * N) opgen_vec {
+    T v[N];
+};
+
 /* Combining two partials of a sum (0), max (1) or min (2); max/min propagate NaN like the CPU. */
 template <int K, typename T>
 static __device__ __forceinline__ T opgen_combine(T a, T b) {
@@ -172,6 +178,32 @@ static __device__ T opgen_block_reduce(T v) {
     }
     __syncthreads();
     return part[0];
+}
+
+/* N independent block reductions at once (one set of barriers); each value meets its partials
+ * in exactly the tree opgen_block_reduce uses, so results are the same bits. */
+template <int K, typename T, int N>
+static __device__ void opgen_block_reduce_n(T (&v)[N]) {
+    __shared__ T part[N][OPGEN_CUDA_THREADS / 32];
+    const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        for (int o = 16; o > 0; o >>= 1) v[i] = opgen_combine<K, T>(v[i], __shfl_down_sync(0xffffffffu, v[i], o));
+    __syncthreads();
+    if (lane == 0)
+        for (int i = 0; i < N; i++) part[i][warp] = v[i];
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            T x = part[i][lane < OPGEN_CUDA_THREADS / 32 ? lane : 0];
+            for (int o = OPGEN_CUDA_THREADS / 64; o > 0; o >>= 1)
+                x = opgen_combine<K, T>(x, __shfl_down_sync(0xffffffffu, x, o));
+            if (lane == 0) part[i][0] = x;
+        }
+    }
+    __syncthreads();
+    for (int i = 0; i < N; i++) v[i] = part[i][0];
 }
 
 /* C[m x n] (= or +=) op(A) @ op(B) by the whole block: element (i, k) of op(A) is

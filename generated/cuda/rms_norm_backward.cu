@@ -25,7 +25,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     for (int64_t i9 = v2 + (int64_t)blockIdx.x; i9 < v3; i9 += (int64_t)gridDim.x) {
         float *__restrict__ l10 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z11 = threadIdx.x; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS) l10[z11] = (float)0;
+        for (size_t z11 = threadIdx.x * 4; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS * 4) for (size_t z11j = z11; z11j < z11 + 4 && z11j < (size_t)d_D; z11j++) l10[z11j] = (float)0;
         const int64_t v12 = i9 * v4;
         const int64_t v13 = v12 + v4;
         const int64_t v14 = ((v13 < v5 || v13 != v13) ? v13 : v5);
@@ -37,51 +37,62 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
             {
                 float part21 = threadIdx.x == 0 ? l17 : (float)0;
                 float part22 = threadIdx.x == 0 ? l19 : (float)0;
-                for (int64_t i20 = v2 + (int64_t)threadIdx.x; i20 < v6; i20 += OPGEN_CUDA_THREADS) {
-                    const float v23 = opgen_f16_to_f32(x[ro_x[i15] + i20]);
-                    const float v24 = v23 * v23;
-                    part21 += v24;
-                    const float v25 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i20]);
-                    const float v26 = opgen_f16_to_f32(w[i20 * st_w_0]);
-                    const float v27 = v25 * v26;
-                    const float v28 = opgen_f16_to_f32(x[ro_x[i15] + i20]);
-                    const float v29 = v27 * v28;
-                    part22 += v29;
+                for (int64_t vq30 = threadIdx.x; v2 + vq30 * 8 < v6; vq30 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb29 = v2 + vq30 * 8;
+                    for (int64_t i23 = vb29; i23 < vb29 + 8 && i23 < v6; i23++) {
+                        const float v31 = opgen_f16_to_f32(x[ro_x[i15] + i23]);
+                        const float v32 = v31 * v31;
+                        part21 += v32;
+                        const float v33 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i23]);
+                        const float v34 = opgen_f16_to_f32(w[i23 * st_w_0]);
+                        const float v35 = v33 * v34;
+                        const float v36 = opgen_f16_to_f32(x[ro_x[i15] + i23]);
+                        const float v37 = v35 * v36;
+                        part22 += v37;
+                    }
                 }
-                l17 = opgen_block_reduce<0, float>(part21);
-                l19 = opgen_block_reduce<0, float>(part22);
+                float red38[2] = {part21, part22};
+                opgen_block_reduce_n<0, float, 2>(red38);
+                l17 = red38[0];
+                l19 = red38[1];
             }
-            const float v30 = l17;
-            l16 = v30;
-            const float v31 = l19;
-            l18 = v31;
-            for (int64_t i32 = v2 + (int64_t)threadIdx.x; i32 < v6; i32 += OPGEN_CUDA_THREADS) {
-                const float v33 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i32]);
-                const float v34 = opgen_f16_to_f32(x[ro_x[i15] + i32]);
-                const float v35 = v33 * v34;
-                const float v36 = l16;
-                const float v37 = v36 / v7;
-                const float v38 = v37 + v8;
-                const float v39 = 1.0f / sqrtf(v38);
-                const float v40 = v35 * v39;
-                l10[i32] += v40;
-                const float v41 = opgen_f16_to_f32(w[i32 * st_w_0]);
-                const float v42 = v33 * v41;
-                const float v43 = v42 * v39;
-                const float v44 = l18;
-                const float v45 = v44 / v7;
-                const float v46 = v45 * v39;
-                const float v47 = v46 * v39;
-                const float v48 = v47 * v39;
-                const float v49 = v34 * v48;
-                const float v50 = v43 - v49;
-                grad_x[ro_grad_x[i15] + i32] = opgen_f32_to_f16(v50);
+            const float v39 = l17;
+            l16 = v39;
+            const float v40 = l19;
+            l18 = v40;
+            for (int64_t vq50 = threadIdx.x; v2 + vq50 * 4 < v6; vq50 += OPGEN_CUDA_THREADS) {
+                const int64_t vb49 = v2 + vq50 * 4;
+                for (int64_t i42 = vb49; i42 < vb49 + 4 && i42 < v6; i42++) {
+                    const float v51 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i42]);
+                    const float v52 = opgen_f16_to_f32(x[ro_x[i15] + i42]);
+                    const float v53 = v51 * v52;
+                    const float v54 = l16;
+                    const float v55 = v54 / v7;
+                    const float v56 = v55 + v8;
+                    const float v57 = 1.0f / sqrtf(v56);
+                    const float v58 = v53 * v57;
+                    l10[i42] += v58;
+                    const float v59 = opgen_f16_to_f32(w[i42 * st_w_0]);
+                    const float v60 = v51 * v59;
+                    const float v61 = v60 * v57;
+                    const float v62 = l18;
+                    const float v63 = v62 / v7;
+                    const float v64 = v63 * v57;
+                    const float v65 = v64 * v57;
+                    const float v66 = v65 * v57;
+                    const float v67 = v52 * v66;
+                    const float v68 = v61 - v67;
+                    grad_x[ro_grad_x[i15] + i42] = opgen_f32_to_f16(v68);
+                }
             }
         }
         __syncthreads();
-        for (int64_t i51 = v2 + (int64_t)threadIdx.x; i51 < v6; i51 += OPGEN_CUDA_THREADS) {
-            const float v52 = l10[i51];
-            t1[i9 * d_D + i51] = v52;
+        for (int64_t vq75 = threadIdx.x; v2 + vq75 * 4 < v6; vq75 += OPGEN_CUDA_THREADS) {
+            const int64_t vb74 = v2 + vq75 * 4;
+            for (int64_t i70 = vb74; i70 < vb74 + 4 && i70 < v6; i70++) {
+                const float v76 = l10[i70];
+                t1[i9 * d_D + i70] = v76;
+            }
         }
         __syncthreads();
     }
@@ -94,26 +105,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_D;
-    const int64_t v55 = ((d_N + 31) / 32);
-    for (int64_t i56 = v53 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i56 < v54; i56 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l57 = (float)0;
-        for (int64_t i58 = v53; i58 < v55; i58++) {
-            const float v59 = t1[i58 * d_D + i56];
-            l57 += v59;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_D;
+    const int64_t v79 = ((d_N + 31) / 32);
+    for (int64_t i80 = v77 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i80 < v78; i80 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l81 = (float)0;
+        for (int64_t i82 = v77; i82 < v79; i82++) {
+            const float v83 = t1[i82 * d_D + i80];
+            l81 += v83;
         }
-        const float v60 = l57;
-        grad_w[i56 * st_grad_w_0] = opgen_f32_to_f16(v60);
+        const float v84 = l81;
+        grad_w[i80 * st_grad_w_0] = opgen_f32_to_f16(v84);
     }
 }
 
 static void k_rms_norm_backward_f16_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v61 = 0ll;
-    const int64_t v62 = ((d_N + 31) / 32);
-    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v61, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v85 = 0ll;
+    const int64_t v86 = ((d_N + 31) / 32);
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v86 - v85, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
@@ -147,15 +158,15 @@ static opgen_status_t k_rms_norm_backward_f16_g(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v63 = 0ll;
-    const int64_t v64 = ((d_N + 31) / 32);
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_D;
+    const int64_t v87 = 0ll;
+    const int64_t v88 = ((d_N + 31) / 32);
+    const int64_t v89 = 0ll;
+    const int64_t v90 = d_D;
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid67 = opgen_cuda_grid(v64 - v63, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid67 > 0) k_rms_norm_backward_f16_g_k0<<<(unsigned)grid67, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid68 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid68 > 0) k_rms_norm_backward_f16_g_k1<<<(unsigned)grid68, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid91 = opgen_cuda_grid(v88 - v87, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid91 > 0) k_rms_norm_backward_f16_g_k0<<<(unsigned)grid91, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid92 = opgen_cuda_grid((v90 - v89 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid92 > 0) k_rms_norm_backward_f16_g_k1<<<(unsigned)grid92, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f16_g");
 }
 
@@ -182,7 +193,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     for (int64_t i9 = v2 + (int64_t)blockIdx.x; i9 < v3; i9 += (int64_t)gridDim.x) {
         float *__restrict__ l10 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z11 = threadIdx.x; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS) l10[z11] = (float)0;
+        for (size_t z11 = threadIdx.x * 4; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS * 4) for (size_t z11j = z11; z11j < z11 + 4 && z11j < (size_t)d_D; z11j++) l10[z11j] = (float)0;
         const int64_t v12 = i9 * v4;
         const int64_t v13 = v12 + v4;
         const int64_t v14 = ((v13 < v5 || v13 != v13) ? v13 : v5);
@@ -194,51 +205,127 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
             {
                 float part21 = threadIdx.x == 0 ? l17 : (float)0;
                 float part22 = threadIdx.x == 0 ? l19 : (float)0;
-                for (int64_t i20 = v2 + (int64_t)threadIdx.x; i20 < v6; i20 += OPGEN_CUDA_THREADS) {
-                    const float v23 = opgen_f16_to_f32(x[ro_x[i15] + i20]);
-                    const float v24 = v23 * v23;
-                    part21 += v24;
-                    const float v25 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i20]);
-                    const float v26 = opgen_f16_to_f32(w[i20]);
-                    const float v27 = v25 * v26;
-                    const float v28 = opgen_f16_to_f32(x[ro_x[i15] + i20]);
-                    const float v29 = v27 * v28;
-                    part22 += v29;
+                const bool vok28 = ((uintptr_t)&x[ro_x[i15] + v2] % 16u == 0) && ((uintptr_t)&grad_y[ro_grad_y[i15] + v2] % 16u == 0) && ((uintptr_t)&w[v2] % 16u == 0);
+                for (int64_t vq30 = threadIdx.x; v2 + vq30 * 8 < v6; vq30 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb29 = v2 + vq30 * 8;
+                    if (vok28 && vb29 + 8 <= v6) {
+                        opgen_vec<uint16_t, 8> vec24 = *(const opgen_vec<uint16_t, 8> *)&x[ro_x[i15] + vb29];
+                        opgen_vec<uint16_t, 8> vec25 = *(const opgen_vec<uint16_t, 8> *)&grad_y[ro_grad_y[i15] + vb29];
+                        opgen_vec<uint16_t, 8> vec26 = *(const opgen_vec<uint16_t, 8> *)&w[vb29];
+                        #pragma unroll
+                        for (int vj31 = 0; vj31 < 8; vj31++) {
+                            const float v32 = opgen_f16_to_f32(vec24.v[vj31]);
+                            const float v33 = v32 * v32;
+                            part21 += v33;
+                            const float v34 = opgen_f16_to_f32(vec25.v[vj31]);
+                            const float v35 = opgen_f16_to_f32(vec26.v[vj31]);
+                            const float v36 = v34 * v35;
+                            const float v37 = opgen_f16_to_f32(vec24.v[vj31]);
+                            const float v38 = v36 * v37;
+                            part22 += v38;
+                        }
+                    } else {
+                        for (int64_t i23 = vb29; i23 < vb29 + 8 && i23 < v6; i23++) {
+                            const float v39 = opgen_f16_to_f32(x[ro_x[i15] + i23]);
+                            const float v40 = v39 * v39;
+                            part21 += v40;
+                            const float v41 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i23]);
+                            const float v42 = opgen_f16_to_f32(w[i23]);
+                            const float v43 = v41 * v42;
+                            const float v44 = opgen_f16_to_f32(x[ro_x[i15] + i23]);
+                            const float v45 = v43 * v44;
+                            part22 += v45;
+                        }
+                    }
                 }
-                l17 = opgen_block_reduce<0, float>(part21);
-                l19 = opgen_block_reduce<0, float>(part22);
+                float red46[2] = {part21, part22};
+                opgen_block_reduce_n<0, float, 2>(red46);
+                l17 = red46[0];
+                l19 = red46[1];
             }
-            const float v30 = l17;
-            l16 = v30;
-            const float v31 = l19;
-            l18 = v31;
-            for (int64_t i32 = v2 + (int64_t)threadIdx.x; i32 < v6; i32 += OPGEN_CUDA_THREADS) {
-                const float v33 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i32]);
-                const float v34 = opgen_f16_to_f32(x[ro_x[i15] + i32]);
-                const float v35 = v33 * v34;
-                const float v36 = l16;
-                const float v37 = v36 / v7;
-                const float v38 = v37 + v8;
-                const float v39 = 1.0f / sqrtf(v38);
-                const float v40 = v35 * v39;
-                l10[i32] += v40;
-                const float v41 = opgen_f16_to_f32(w[i32]);
-                const float v42 = v33 * v41;
-                const float v43 = v42 * v39;
-                const float v44 = l18;
-                const float v45 = v44 / v7;
-                const float v46 = v45 * v39;
-                const float v47 = v46 * v39;
-                const float v48 = v47 * v39;
-                const float v49 = v34 * v48;
-                const float v50 = v43 - v49;
-                grad_x[ro_grad_x[i15] + i32] = opgen_f32_to_f16(v50);
+            const float v47 = l17;
+            l16 = v47;
+            const float v48 = l19;
+            l18 = v48;
+            const bool vok56 = ((uintptr_t)&grad_y[ro_grad_y[i15] + v2] % 8u == 0) && ((uintptr_t)&x[ro_x[i15] + v2] % 8u == 0) && ((uintptr_t)&l10[v2] % 16u == 0) && ((uintptr_t)&w[v2] % 8u == 0) && ((uintptr_t)&grad_x[ro_grad_x[i15] + v2] % 8u == 0);
+            for (int64_t vq58 = threadIdx.x; v2 + vq58 * 4 < v6; vq58 += OPGEN_CUDA_THREADS) {
+                const int64_t vb57 = v2 + vq58 * 4;
+                if (vok56 && vb57 + 4 <= v6) {
+                    opgen_vec<uint16_t, 4> vec51 = *(const opgen_vec<uint16_t, 4> *)&grad_y[ro_grad_y[i15] + vb57];
+                    opgen_vec<uint16_t, 4> vec52 = *(const opgen_vec<uint16_t, 4> *)&x[ro_x[i15] + vb57];
+                    opgen_vec<float, 4> vec53 = *(const opgen_vec<float, 4> *)&l10[vb57];
+                    opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&w[vb57];
+                    opgen_vec<uint16_t, 4> vec55;
+                    #pragma unroll
+                    for (int vj59 = 0; vj59 < 4; vj59++) {
+                        const float v60 = opgen_f16_to_f32(vec51.v[vj59]);
+                        const float v61 = opgen_f16_to_f32(vec52.v[vj59]);
+                        const float v62 = v60 * v61;
+                        const float v63 = l16;
+                        const float v64 = v63 / v7;
+                        const float v65 = v64 + v8;
+                        const float v66 = 1.0f / sqrtf(v65);
+                        const float v67 = v62 * v66;
+                        vec53.v[vj59] += v67;
+                        const float v68 = opgen_f16_to_f32(vec54.v[vj59]);
+                        const float v69 = v60 * v68;
+                        const float v70 = v69 * v66;
+                        const float v71 = l18;
+                        const float v72 = v71 / v7;
+                        const float v73 = v72 * v66;
+                        const float v74 = v73 * v66;
+                        const float v75 = v74 * v66;
+                        const float v76 = v61 * v75;
+                        const float v77 = v70 - v76;
+                        vec55.v[vj59] = opgen_f32_to_f16(v77);
+                    }
+                    *(opgen_vec<float, 4> *)&l10[vb57] = vec53;
+                    *(opgen_vec<uint16_t, 4> *)&grad_x[ro_grad_x[i15] + vb57] = vec55;
+                } else {
+                    for (int64_t i50 = vb57; i50 < vb57 + 4 && i50 < v6; i50++) {
+                        const float v78 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i50]);
+                        const float v79 = opgen_f16_to_f32(x[ro_x[i15] + i50]);
+                        const float v80 = v78 * v79;
+                        const float v81 = l16;
+                        const float v82 = v81 / v7;
+                        const float v83 = v82 + v8;
+                        const float v84 = 1.0f / sqrtf(v83);
+                        const float v85 = v80 * v84;
+                        l10[i50] += v85;
+                        const float v86 = opgen_f16_to_f32(w[i50]);
+                        const float v87 = v78 * v86;
+                        const float v88 = v87 * v84;
+                        const float v89 = l18;
+                        const float v90 = v89 / v7;
+                        const float v91 = v90 * v84;
+                        const float v92 = v91 * v84;
+                        const float v93 = v92 * v84;
+                        const float v94 = v79 * v93;
+                        const float v95 = v88 - v94;
+                        grad_x[ro_grad_x[i15] + i50] = opgen_f32_to_f16(v95);
+                    }
+                }
             }
         }
         __syncthreads();
-        for (int64_t i51 = v2 + (int64_t)threadIdx.x; i51 < v6; i51 += OPGEN_CUDA_THREADS) {
-            const float v52 = l10[i51];
-            t1[i9 * d_D + i51] = v52;
+        const bool vok100 = ((uintptr_t)&l10[v2] % 16u == 0) && ((uintptr_t)&t1[i9 * d_D + v2] % 16u == 0);
+        for (int64_t vq102 = threadIdx.x; v2 + vq102 * 4 < v6; vq102 += OPGEN_CUDA_THREADS) {
+            const int64_t vb101 = v2 + vq102 * 4;
+            if (vok100 && vb101 + 4 <= v6) {
+                opgen_vec<float, 4> vec98 = *(const opgen_vec<float, 4> *)&l10[vb101];
+                opgen_vec<float, 4> vec99;
+                #pragma unroll
+                for (int vj103 = 0; vj103 < 4; vj103++) {
+                    const float v104 = vec98.v[vj103];
+                    vec99.v[vj103] = v104;
+                }
+                *(opgen_vec<float, 4> *)&t1[i9 * d_D + vb101] = vec99;
+            } else {
+                for (int64_t i97 = vb101; i97 < vb101 + 4 && i97 < v6; i97++) {
+                    const float v105 = l10[i97];
+                    t1[i9 * d_D + i97] = v105;
+                }
+            }
         }
         __syncthreads();
     }
@@ -250,17 +337,17 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_D;
-    const int64_t v55 = ((d_N + 31) / 32);
-    for (int64_t i56 = v53 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i56 < v54; i56 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l57 = (float)0;
-        for (int64_t i58 = v53; i58 < v55; i58++) {
-            const float v59 = t1[i58 * d_D + i56];
-            l57 += v59;
+    const int64_t v106 = 0ll;
+    const int64_t v107 = d_D;
+    const int64_t v108 = ((d_N + 31) / 32);
+    for (int64_t i109 = v106 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i109 < v107; i109 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l110 = (float)0;
+        for (int64_t i111 = v106; i111 < v108; i111++) {
+            const float v112 = t1[i111 * d_D + i109];
+            l110 += v112;
         }
-        const float v60 = l57;
-        grad_w[i56] = opgen_f32_to_f16(v60);
+        const float v113 = l110;
+        grad_w[i109] = opgen_f32_to_f16(v113);
     }
 }
 
@@ -276,15 +363,15 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v63 = 0ll;
-    const int64_t v64 = ((d_N + 31) / 32);
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_D;
+    const int64_t v116 = 0ll;
+    const int64_t v117 = ((d_N + 31) / 32);
+    const int64_t v118 = 0ll;
+    const int64_t v119 = d_D;
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid67 = opgen_cuda_grid(v64 - v63, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid67 > 0) k_rms_norm_backward_f16_u_k0<<<(unsigned)grid67, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid68 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid68 > 0) k_rms_norm_backward_f16_u_k1<<<(unsigned)grid68, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid120 = opgen_cuda_grid(v117 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid120 > 0) k_rms_norm_backward_f16_u_k0<<<(unsigned)grid120, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid121 = opgen_cuda_grid((v119 - v118 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid121 > 0) k_rms_norm_backward_f16_u_k1<<<(unsigned)grid121, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f16_u");
 }
 
@@ -318,7 +405,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     for (int64_t i9 = v2 + (int64_t)blockIdx.x; i9 < v3; i9 += (int64_t)gridDim.x) {
         float *__restrict__ l10 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z11 = threadIdx.x; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS) l10[z11] = (float)0;
+        for (size_t z11 = threadIdx.x * 4; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS * 4) for (size_t z11j = z11; z11j < z11 + 4 && z11j < (size_t)d_D; z11j++) l10[z11j] = (float)0;
         const int64_t v12 = i9 * v4;
         const int64_t v13 = v12 + v4;
         const int64_t v14 = ((v13 < v5 || v13 != v13) ? v13 : v5);
@@ -330,51 +417,62 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
             {
                 float part21 = threadIdx.x == 0 ? l17 : (float)0;
                 float part22 = threadIdx.x == 0 ? l19 : (float)0;
-                for (int64_t i20 = v2 + (int64_t)threadIdx.x; i20 < v6; i20 += OPGEN_CUDA_THREADS) {
-                    const float v23 = x[ro_x[i15] + i20];
-                    const float v24 = v23 * v23;
-                    part21 += v24;
-                    const float v25 = grad_y[ro_grad_y[i15] + i20];
-                    const float v26 = w[i20 * st_w_0];
-                    const float v27 = v25 * v26;
-                    const float v28 = x[ro_x[i15] + i20];
-                    const float v29 = v27 * v28;
-                    part22 += v29;
+                for (int64_t vq30 = threadIdx.x; v2 + vq30 * 4 < v6; vq30 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb29 = v2 + vq30 * 4;
+                    for (int64_t i23 = vb29; i23 < vb29 + 4 && i23 < v6; i23++) {
+                        const float v31 = x[ro_x[i15] + i23];
+                        const float v32 = v31 * v31;
+                        part21 += v32;
+                        const float v33 = grad_y[ro_grad_y[i15] + i23];
+                        const float v34 = w[i23 * st_w_0];
+                        const float v35 = v33 * v34;
+                        const float v36 = x[ro_x[i15] + i23];
+                        const float v37 = v35 * v36;
+                        part22 += v37;
+                    }
                 }
-                l17 = opgen_block_reduce<0, float>(part21);
-                l19 = opgen_block_reduce<0, float>(part22);
+                float red38[2] = {part21, part22};
+                opgen_block_reduce_n<0, float, 2>(red38);
+                l17 = red38[0];
+                l19 = red38[1];
             }
-            const float v30 = l17;
-            l16 = v30;
-            const float v31 = l19;
-            l18 = v31;
-            for (int64_t i32 = v2 + (int64_t)threadIdx.x; i32 < v6; i32 += OPGEN_CUDA_THREADS) {
-                const float v33 = grad_y[ro_grad_y[i15] + i32];
-                const float v34 = x[ro_x[i15] + i32];
-                const float v35 = v33 * v34;
-                const float v36 = l16;
-                const float v37 = v36 / v7;
-                const float v38 = v37 + v8;
-                const float v39 = 1.0f / sqrtf(v38);
-                const float v40 = v35 * v39;
-                l10[i32] += v40;
-                const float v41 = w[i32 * st_w_0];
-                const float v42 = v33 * v41;
-                const float v43 = v42 * v39;
-                const float v44 = l18;
-                const float v45 = v44 / v7;
-                const float v46 = v45 * v39;
-                const float v47 = v46 * v39;
-                const float v48 = v47 * v39;
-                const float v49 = v34 * v48;
-                const float v50 = v43 - v49;
-                grad_x[ro_grad_x[i15] + i32] = v50;
+            const float v39 = l17;
+            l16 = v39;
+            const float v40 = l19;
+            l18 = v40;
+            for (int64_t vq50 = threadIdx.x; v2 + vq50 * 4 < v6; vq50 += OPGEN_CUDA_THREADS) {
+                const int64_t vb49 = v2 + vq50 * 4;
+                for (int64_t i42 = vb49; i42 < vb49 + 4 && i42 < v6; i42++) {
+                    const float v51 = grad_y[ro_grad_y[i15] + i42];
+                    const float v52 = x[ro_x[i15] + i42];
+                    const float v53 = v51 * v52;
+                    const float v54 = l16;
+                    const float v55 = v54 / v7;
+                    const float v56 = v55 + v8;
+                    const float v57 = 1.0f / sqrtf(v56);
+                    const float v58 = v53 * v57;
+                    l10[i42] += v58;
+                    const float v59 = w[i42 * st_w_0];
+                    const float v60 = v51 * v59;
+                    const float v61 = v60 * v57;
+                    const float v62 = l18;
+                    const float v63 = v62 / v7;
+                    const float v64 = v63 * v57;
+                    const float v65 = v64 * v57;
+                    const float v66 = v65 * v57;
+                    const float v67 = v52 * v66;
+                    const float v68 = v61 - v67;
+                    grad_x[ro_grad_x[i15] + i42] = v68;
+                }
             }
         }
         __syncthreads();
-        for (int64_t i51 = v2 + (int64_t)threadIdx.x; i51 < v6; i51 += OPGEN_CUDA_THREADS) {
-            const float v52 = l10[i51];
-            t1[i9 * d_D + i51] = v52;
+        for (int64_t vq75 = threadIdx.x; v2 + vq75 * 4 < v6; vq75 += OPGEN_CUDA_THREADS) {
+            const int64_t vb74 = v2 + vq75 * 4;
+            for (int64_t i70 = vb74; i70 < vb74 + 4 && i70 < v6; i70++) {
+                const float v76 = l10[i70];
+                t1[i9 * d_D + i70] = v76;
+            }
         }
         __syncthreads();
     }
@@ -387,26 +485,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_D;
-    const int64_t v55 = ((d_N + 31) / 32);
-    for (int64_t i56 = v53 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i56 < v54; i56 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l57 = (float)0;
-        for (int64_t i58 = v53; i58 < v55; i58++) {
-            const float v59 = t1[i58 * d_D + i56];
-            l57 += v59;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_D;
+    const int64_t v79 = ((d_N + 31) / 32);
+    for (int64_t i80 = v77 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i80 < v78; i80 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l81 = (float)0;
+        for (int64_t i82 = v77; i82 < v79; i82++) {
+            const float v83 = t1[i82 * d_D + i80];
+            l81 += v83;
         }
-        const float v60 = l57;
-        grad_w[i56 * st_grad_w_0] = v60;
+        const float v84 = l81;
+        grad_w[i80 * st_grad_w_0] = v84;
     }
 }
 
 static void k_rms_norm_backward_f32_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v61 = 0ll;
-    const int64_t v62 = ((d_N + 31) / 32);
-    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v61, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v85 = 0ll;
+    const int64_t v86 = ((d_N + 31) / 32);
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v86 - v85, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
@@ -440,15 +538,15 @@ static opgen_status_t k_rms_norm_backward_f32_g(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v63 = 0ll;
-    const int64_t v64 = ((d_N + 31) / 32);
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_D;
+    const int64_t v87 = 0ll;
+    const int64_t v88 = ((d_N + 31) / 32);
+    const int64_t v89 = 0ll;
+    const int64_t v90 = d_D;
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid67 = opgen_cuda_grid(v64 - v63, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid67 > 0) k_rms_norm_backward_f32_g_k0<<<(unsigned)grid67, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid68 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid68 > 0) k_rms_norm_backward_f32_g_k1<<<(unsigned)grid68, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid91 = opgen_cuda_grid(v88 - v87, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid91 > 0) k_rms_norm_backward_f32_g_k0<<<(unsigned)grid91, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid92 = opgen_cuda_grid((v90 - v89 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid92 > 0) k_rms_norm_backward_f32_g_k1<<<(unsigned)grid92, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f32_g");
 }
 
@@ -475,7 +573,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     for (int64_t i9 = v2 + (int64_t)blockIdx.x; i9 < v3; i9 += (int64_t)gridDim.x) {
         float *__restrict__ l10 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z11 = threadIdx.x; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS) l10[z11] = (float)0;
+        for (size_t z11 = threadIdx.x * 4; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS * 4) for (size_t z11j = z11; z11j < z11 + 4 && z11j < (size_t)d_D; z11j++) l10[z11j] = (float)0;
         const int64_t v12 = i9 * v4;
         const int64_t v13 = v12 + v4;
         const int64_t v14 = ((v13 < v5 || v13 != v13) ? v13 : v5);
@@ -487,51 +585,127 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
             {
                 float part21 = threadIdx.x == 0 ? l17 : (float)0;
                 float part22 = threadIdx.x == 0 ? l19 : (float)0;
-                for (int64_t i20 = v2 + (int64_t)threadIdx.x; i20 < v6; i20 += OPGEN_CUDA_THREADS) {
-                    const float v23 = x[ro_x[i15] + i20];
-                    const float v24 = v23 * v23;
-                    part21 += v24;
-                    const float v25 = grad_y[ro_grad_y[i15] + i20];
-                    const float v26 = w[i20];
-                    const float v27 = v25 * v26;
-                    const float v28 = x[ro_x[i15] + i20];
-                    const float v29 = v27 * v28;
-                    part22 += v29;
+                const bool vok28 = ((uintptr_t)&x[ro_x[i15] + v2] % 16u == 0) && ((uintptr_t)&grad_y[ro_grad_y[i15] + v2] % 16u == 0) && ((uintptr_t)&w[v2] % 16u == 0);
+                for (int64_t vq30 = threadIdx.x; v2 + vq30 * 4 < v6; vq30 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb29 = v2 + vq30 * 4;
+                    if (vok28 && vb29 + 4 <= v6) {
+                        opgen_vec<float, 4> vec24 = *(const opgen_vec<float, 4> *)&x[ro_x[i15] + vb29];
+                        opgen_vec<float, 4> vec25 = *(const opgen_vec<float, 4> *)&grad_y[ro_grad_y[i15] + vb29];
+                        opgen_vec<float, 4> vec26 = *(const opgen_vec<float, 4> *)&w[vb29];
+                        #pragma unroll
+                        for (int vj31 = 0; vj31 < 4; vj31++) {
+                            const float v32 = vec24.v[vj31];
+                            const float v33 = v32 * v32;
+                            part21 += v33;
+                            const float v34 = vec25.v[vj31];
+                            const float v35 = vec26.v[vj31];
+                            const float v36 = v34 * v35;
+                            const float v37 = vec24.v[vj31];
+                            const float v38 = v36 * v37;
+                            part22 += v38;
+                        }
+                    } else {
+                        for (int64_t i23 = vb29; i23 < vb29 + 4 && i23 < v6; i23++) {
+                            const float v39 = x[ro_x[i15] + i23];
+                            const float v40 = v39 * v39;
+                            part21 += v40;
+                            const float v41 = grad_y[ro_grad_y[i15] + i23];
+                            const float v42 = w[i23];
+                            const float v43 = v41 * v42;
+                            const float v44 = x[ro_x[i15] + i23];
+                            const float v45 = v43 * v44;
+                            part22 += v45;
+                        }
+                    }
                 }
-                l17 = opgen_block_reduce<0, float>(part21);
-                l19 = opgen_block_reduce<0, float>(part22);
+                float red46[2] = {part21, part22};
+                opgen_block_reduce_n<0, float, 2>(red46);
+                l17 = red46[0];
+                l19 = red46[1];
             }
-            const float v30 = l17;
-            l16 = v30;
-            const float v31 = l19;
-            l18 = v31;
-            for (int64_t i32 = v2 + (int64_t)threadIdx.x; i32 < v6; i32 += OPGEN_CUDA_THREADS) {
-                const float v33 = grad_y[ro_grad_y[i15] + i32];
-                const float v34 = x[ro_x[i15] + i32];
-                const float v35 = v33 * v34;
-                const float v36 = l16;
-                const float v37 = v36 / v7;
-                const float v38 = v37 + v8;
-                const float v39 = 1.0f / sqrtf(v38);
-                const float v40 = v35 * v39;
-                l10[i32] += v40;
-                const float v41 = w[i32];
-                const float v42 = v33 * v41;
-                const float v43 = v42 * v39;
-                const float v44 = l18;
-                const float v45 = v44 / v7;
-                const float v46 = v45 * v39;
-                const float v47 = v46 * v39;
-                const float v48 = v47 * v39;
-                const float v49 = v34 * v48;
-                const float v50 = v43 - v49;
-                grad_x[ro_grad_x[i15] + i32] = v50;
+            const float v47 = l17;
+            l16 = v47;
+            const float v48 = l19;
+            l18 = v48;
+            const bool vok56 = ((uintptr_t)&grad_y[ro_grad_y[i15] + v2] % 16u == 0) && ((uintptr_t)&x[ro_x[i15] + v2] % 16u == 0) && ((uintptr_t)&l10[v2] % 16u == 0) && ((uintptr_t)&w[v2] % 16u == 0) && ((uintptr_t)&grad_x[ro_grad_x[i15] + v2] % 16u == 0);
+            for (int64_t vq58 = threadIdx.x; v2 + vq58 * 4 < v6; vq58 += OPGEN_CUDA_THREADS) {
+                const int64_t vb57 = v2 + vq58 * 4;
+                if (vok56 && vb57 + 4 <= v6) {
+                    opgen_vec<float, 4> vec51 = *(const opgen_vec<float, 4> *)&grad_y[ro_grad_y[i15] + vb57];
+                    opgen_vec<float, 4> vec52 = *(const opgen_vec<float, 4> *)&x[ro_x[i15] + vb57];
+                    opgen_vec<float, 4> vec53 = *(const opgen_vec<float, 4> *)&l10[vb57];
+                    opgen_vec<float, 4> vec54 = *(const opgen_vec<float, 4> *)&w[vb57];
+                    opgen_vec<float, 4> vec55;
+                    #pragma unroll
+                    for (int vj59 = 0; vj59 < 4; vj59++) {
+                        const float v60 = vec51.v[vj59];
+                        const float v61 = vec52.v[vj59];
+                        const float v62 = v60 * v61;
+                        const float v63 = l16;
+                        const float v64 = v63 / v7;
+                        const float v65 = v64 + v8;
+                        const float v66 = 1.0f / sqrtf(v65);
+                        const float v67 = v62 * v66;
+                        vec53.v[vj59] += v67;
+                        const float v68 = vec54.v[vj59];
+                        const float v69 = v60 * v68;
+                        const float v70 = v69 * v66;
+                        const float v71 = l18;
+                        const float v72 = v71 / v7;
+                        const float v73 = v72 * v66;
+                        const float v74 = v73 * v66;
+                        const float v75 = v74 * v66;
+                        const float v76 = v61 * v75;
+                        const float v77 = v70 - v76;
+                        vec55.v[vj59] = v77;
+                    }
+                    *(opgen_vec<float, 4> *)&l10[vb57] = vec53;
+                    *(opgen_vec<float, 4> *)&grad_x[ro_grad_x[i15] + vb57] = vec55;
+                } else {
+                    for (int64_t i50 = vb57; i50 < vb57 + 4 && i50 < v6; i50++) {
+                        const float v78 = grad_y[ro_grad_y[i15] + i50];
+                        const float v79 = x[ro_x[i15] + i50];
+                        const float v80 = v78 * v79;
+                        const float v81 = l16;
+                        const float v82 = v81 / v7;
+                        const float v83 = v82 + v8;
+                        const float v84 = 1.0f / sqrtf(v83);
+                        const float v85 = v80 * v84;
+                        l10[i50] += v85;
+                        const float v86 = w[i50];
+                        const float v87 = v78 * v86;
+                        const float v88 = v87 * v84;
+                        const float v89 = l18;
+                        const float v90 = v89 / v7;
+                        const float v91 = v90 * v84;
+                        const float v92 = v91 * v84;
+                        const float v93 = v92 * v84;
+                        const float v94 = v79 * v93;
+                        const float v95 = v88 - v94;
+                        grad_x[ro_grad_x[i15] + i50] = v95;
+                    }
+                }
             }
         }
         __syncthreads();
-        for (int64_t i51 = v2 + (int64_t)threadIdx.x; i51 < v6; i51 += OPGEN_CUDA_THREADS) {
-            const float v52 = l10[i51];
-            t1[i9 * d_D + i51] = v52;
+        const bool vok100 = ((uintptr_t)&l10[v2] % 16u == 0) && ((uintptr_t)&t1[i9 * d_D + v2] % 16u == 0);
+        for (int64_t vq102 = threadIdx.x; v2 + vq102 * 4 < v6; vq102 += OPGEN_CUDA_THREADS) {
+            const int64_t vb101 = v2 + vq102 * 4;
+            if (vok100 && vb101 + 4 <= v6) {
+                opgen_vec<float, 4> vec98 = *(const opgen_vec<float, 4> *)&l10[vb101];
+                opgen_vec<float, 4> vec99;
+                #pragma unroll
+                for (int vj103 = 0; vj103 < 4; vj103++) {
+                    const float v104 = vec98.v[vj103];
+                    vec99.v[vj103] = v104;
+                }
+                *(opgen_vec<float, 4> *)&t1[i9 * d_D + vb101] = vec99;
+            } else {
+                for (int64_t i97 = vb101; i97 < vb101 + 4 && i97 < v6; i97++) {
+                    const float v105 = l10[i97];
+                    t1[i9 * d_D + i97] = v105;
+                }
+            }
         }
         __syncthreads();
     }
@@ -543,17 +717,17 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_D;
-    const int64_t v55 = ((d_N + 31) / 32);
-    for (int64_t i56 = v53 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i56 < v54; i56 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l57 = (float)0;
-        for (int64_t i58 = v53; i58 < v55; i58++) {
-            const float v59 = t1[i58 * d_D + i56];
-            l57 += v59;
+    const int64_t v106 = 0ll;
+    const int64_t v107 = d_D;
+    const int64_t v108 = ((d_N + 31) / 32);
+    for (int64_t i109 = v106 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i109 < v107; i109 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l110 = (float)0;
+        for (int64_t i111 = v106; i111 < v108; i111++) {
+            const float v112 = t1[i111 * d_D + i109];
+            l110 += v112;
         }
-        const float v60 = l57;
-        grad_w[i56] = v60;
+        const float v113 = l110;
+        grad_w[i109] = v113;
     }
 }
 
@@ -569,15 +743,15 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v63 = 0ll;
-    const int64_t v64 = ((d_N + 31) / 32);
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_D;
+    const int64_t v116 = 0ll;
+    const int64_t v117 = ((d_N + 31) / 32);
+    const int64_t v118 = 0ll;
+    const int64_t v119 = d_D;
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid67 = opgen_cuda_grid(v64 - v63, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid67 > 0) k_rms_norm_backward_f32_u_k0<<<(unsigned)grid67, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid68 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid68 > 0) k_rms_norm_backward_f32_u_k1<<<(unsigned)grid68, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid120 = opgen_cuda_grid(v117 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid120 > 0) k_rms_norm_backward_f32_u_k0<<<(unsigned)grid120, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid121 = opgen_cuda_grid((v119 - v118 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid121 > 0) k_rms_norm_backward_f32_u_k1<<<(unsigned)grid121, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f32_u");
 }
 
@@ -611,7 +785,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     for (int64_t i9 = v2 + (int64_t)blockIdx.x; i9 < v3; i9 += (int64_t)gridDim.x) {
         float *__restrict__ l10 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z11 = threadIdx.x; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS) l10[z11] = (float)0;
+        for (size_t z11 = threadIdx.x * 4; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS * 4) for (size_t z11j = z11; z11j < z11 + 4 && z11j < (size_t)d_D; z11j++) l10[z11j] = (float)0;
         const int64_t v12 = i9 * v4;
         const int64_t v13 = v12 + v4;
         const int64_t v14 = ((v13 < v5 || v13 != v13) ? v13 : v5);
@@ -623,51 +797,62 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
             {
                 float part21 = threadIdx.x == 0 ? l17 : (float)0;
                 float part22 = threadIdx.x == 0 ? l19 : (float)0;
-                for (int64_t i20 = v2 + (int64_t)threadIdx.x; i20 < v6; i20 += OPGEN_CUDA_THREADS) {
-                    const float v23 = opgen_bf16_to_f32(x[ro_x[i15] + i20]);
-                    const float v24 = v23 * v23;
-                    part21 += v24;
-                    const float v25 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i20]);
-                    const float v26 = opgen_bf16_to_f32(w[i20 * st_w_0]);
-                    const float v27 = v25 * v26;
-                    const float v28 = opgen_bf16_to_f32(x[ro_x[i15] + i20]);
-                    const float v29 = v27 * v28;
-                    part22 += v29;
+                for (int64_t vq30 = threadIdx.x; v2 + vq30 * 8 < v6; vq30 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb29 = v2 + vq30 * 8;
+                    for (int64_t i23 = vb29; i23 < vb29 + 8 && i23 < v6; i23++) {
+                        const float v31 = opgen_bf16_to_f32(x[ro_x[i15] + i23]);
+                        const float v32 = v31 * v31;
+                        part21 += v32;
+                        const float v33 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i23]);
+                        const float v34 = opgen_bf16_to_f32(w[i23 * st_w_0]);
+                        const float v35 = v33 * v34;
+                        const float v36 = opgen_bf16_to_f32(x[ro_x[i15] + i23]);
+                        const float v37 = v35 * v36;
+                        part22 += v37;
+                    }
                 }
-                l17 = opgen_block_reduce<0, float>(part21);
-                l19 = opgen_block_reduce<0, float>(part22);
+                float red38[2] = {part21, part22};
+                opgen_block_reduce_n<0, float, 2>(red38);
+                l17 = red38[0];
+                l19 = red38[1];
             }
-            const float v30 = l17;
-            l16 = v30;
-            const float v31 = l19;
-            l18 = v31;
-            for (int64_t i32 = v2 + (int64_t)threadIdx.x; i32 < v6; i32 += OPGEN_CUDA_THREADS) {
-                const float v33 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i32]);
-                const float v34 = opgen_bf16_to_f32(x[ro_x[i15] + i32]);
-                const float v35 = v33 * v34;
-                const float v36 = l16;
-                const float v37 = v36 / v7;
-                const float v38 = v37 + v8;
-                const float v39 = 1.0f / sqrtf(v38);
-                const float v40 = v35 * v39;
-                l10[i32] += v40;
-                const float v41 = opgen_bf16_to_f32(w[i32 * st_w_0]);
-                const float v42 = v33 * v41;
-                const float v43 = v42 * v39;
-                const float v44 = l18;
-                const float v45 = v44 / v7;
-                const float v46 = v45 * v39;
-                const float v47 = v46 * v39;
-                const float v48 = v47 * v39;
-                const float v49 = v34 * v48;
-                const float v50 = v43 - v49;
-                grad_x[ro_grad_x[i15] + i32] = opgen_f32_to_bf16(v50);
+            const float v39 = l17;
+            l16 = v39;
+            const float v40 = l19;
+            l18 = v40;
+            for (int64_t vq50 = threadIdx.x; v2 + vq50 * 4 < v6; vq50 += OPGEN_CUDA_THREADS) {
+                const int64_t vb49 = v2 + vq50 * 4;
+                for (int64_t i42 = vb49; i42 < vb49 + 4 && i42 < v6; i42++) {
+                    const float v51 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i42]);
+                    const float v52 = opgen_bf16_to_f32(x[ro_x[i15] + i42]);
+                    const float v53 = v51 * v52;
+                    const float v54 = l16;
+                    const float v55 = v54 / v7;
+                    const float v56 = v55 + v8;
+                    const float v57 = 1.0f / sqrtf(v56);
+                    const float v58 = v53 * v57;
+                    l10[i42] += v58;
+                    const float v59 = opgen_bf16_to_f32(w[i42 * st_w_0]);
+                    const float v60 = v51 * v59;
+                    const float v61 = v60 * v57;
+                    const float v62 = l18;
+                    const float v63 = v62 / v7;
+                    const float v64 = v63 * v57;
+                    const float v65 = v64 * v57;
+                    const float v66 = v65 * v57;
+                    const float v67 = v52 * v66;
+                    const float v68 = v61 - v67;
+                    grad_x[ro_grad_x[i15] + i42] = opgen_f32_to_bf16(v68);
+                }
             }
         }
         __syncthreads();
-        for (int64_t i51 = v2 + (int64_t)threadIdx.x; i51 < v6; i51 += OPGEN_CUDA_THREADS) {
-            const float v52 = l10[i51];
-            t1[i9 * d_D + i51] = v52;
+        for (int64_t vq75 = threadIdx.x; v2 + vq75 * 4 < v6; vq75 += OPGEN_CUDA_THREADS) {
+            const int64_t vb74 = v2 + vq75 * 4;
+            for (int64_t i70 = vb74; i70 < vb74 + 4 && i70 < v6; i70++) {
+                const float v76 = l10[i70];
+                t1[i9 * d_D + i70] = v76;
+            }
         }
         __syncthreads();
     }
@@ -680,26 +865,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_D;
-    const int64_t v55 = ((d_N + 31) / 32);
-    for (int64_t i56 = v53 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i56 < v54; i56 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l57 = (float)0;
-        for (int64_t i58 = v53; i58 < v55; i58++) {
-            const float v59 = t1[i58 * d_D + i56];
-            l57 += v59;
+    const int64_t v77 = 0ll;
+    const int64_t v78 = d_D;
+    const int64_t v79 = ((d_N + 31) / 32);
+    for (int64_t i80 = v77 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i80 < v78; i80 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l81 = (float)0;
+        for (int64_t i82 = v77; i82 < v79; i82++) {
+            const float v83 = t1[i82 * d_D + i80];
+            l81 += v83;
         }
-        const float v60 = l57;
-        grad_w[i56 * st_grad_w_0] = opgen_f32_to_bf16(v60);
+        const float v84 = l81;
+        grad_w[i80 * st_grad_w_0] = opgen_f32_to_bf16(v84);
     }
 }
 
 static void k_rms_norm_backward_bf16_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v61 = 0ll;
-    const int64_t v62 = ((d_N + 31) / 32);
-    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v61, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v85 = 0ll;
+    const int64_t v86 = ((d_N + 31) / 32);
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v86 - v85, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
@@ -733,15 +918,15 @@ static opgen_status_t k_rms_norm_backward_bf16_g(const opgen_buf_t *bufs, const 
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v63 = 0ll;
-    const int64_t v64 = ((d_N + 31) / 32);
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_D;
+    const int64_t v87 = 0ll;
+    const int64_t v88 = ((d_N + 31) / 32);
+    const int64_t v89 = 0ll;
+    const int64_t v90 = d_D;
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid67 = opgen_cuda_grid(v64 - v63, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid67 > 0) k_rms_norm_backward_bf16_g_k0<<<(unsigned)grid67, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid68 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid68 > 0) k_rms_norm_backward_bf16_g_k1<<<(unsigned)grid68, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid91 = opgen_cuda_grid(v88 - v87, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid91 > 0) k_rms_norm_backward_bf16_g_k0<<<(unsigned)grid91, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid92 = opgen_cuda_grid((v90 - v89 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid92 > 0) k_rms_norm_backward_bf16_g_k1<<<(unsigned)grid92, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_bf16_g");
 }
 
@@ -768,7 +953,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     for (int64_t i9 = v2 + (int64_t)blockIdx.x; i9 < v3; i9 += (int64_t)gridDim.x) {
         float *__restrict__ l10 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z11 = threadIdx.x; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS) l10[z11] = (float)0;
+        for (size_t z11 = threadIdx.x * 4; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS * 4) for (size_t z11j = z11; z11j < z11 + 4 && z11j < (size_t)d_D; z11j++) l10[z11j] = (float)0;
         const int64_t v12 = i9 * v4;
         const int64_t v13 = v12 + v4;
         const int64_t v14 = ((v13 < v5 || v13 != v13) ? v13 : v5);
@@ -780,51 +965,127 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
             {
                 float part21 = threadIdx.x == 0 ? l17 : (float)0;
                 float part22 = threadIdx.x == 0 ? l19 : (float)0;
-                for (int64_t i20 = v2 + (int64_t)threadIdx.x; i20 < v6; i20 += OPGEN_CUDA_THREADS) {
-                    const float v23 = opgen_bf16_to_f32(x[ro_x[i15] + i20]);
-                    const float v24 = v23 * v23;
-                    part21 += v24;
-                    const float v25 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i20]);
-                    const float v26 = opgen_bf16_to_f32(w[i20]);
-                    const float v27 = v25 * v26;
-                    const float v28 = opgen_bf16_to_f32(x[ro_x[i15] + i20]);
-                    const float v29 = v27 * v28;
-                    part22 += v29;
+                const bool vok28 = ((uintptr_t)&x[ro_x[i15] + v2] % 16u == 0) && ((uintptr_t)&grad_y[ro_grad_y[i15] + v2] % 16u == 0) && ((uintptr_t)&w[v2] % 16u == 0);
+                for (int64_t vq30 = threadIdx.x; v2 + vq30 * 8 < v6; vq30 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb29 = v2 + vq30 * 8;
+                    if (vok28 && vb29 + 8 <= v6) {
+                        opgen_vec<uint16_t, 8> vec24 = *(const opgen_vec<uint16_t, 8> *)&x[ro_x[i15] + vb29];
+                        opgen_vec<uint16_t, 8> vec25 = *(const opgen_vec<uint16_t, 8> *)&grad_y[ro_grad_y[i15] + vb29];
+                        opgen_vec<uint16_t, 8> vec26 = *(const opgen_vec<uint16_t, 8> *)&w[vb29];
+                        #pragma unroll
+                        for (int vj31 = 0; vj31 < 8; vj31++) {
+                            const float v32 = opgen_bf16_to_f32(vec24.v[vj31]);
+                            const float v33 = v32 * v32;
+                            part21 += v33;
+                            const float v34 = opgen_bf16_to_f32(vec25.v[vj31]);
+                            const float v35 = opgen_bf16_to_f32(vec26.v[vj31]);
+                            const float v36 = v34 * v35;
+                            const float v37 = opgen_bf16_to_f32(vec24.v[vj31]);
+                            const float v38 = v36 * v37;
+                            part22 += v38;
+                        }
+                    } else {
+                        for (int64_t i23 = vb29; i23 < vb29 + 8 && i23 < v6; i23++) {
+                            const float v39 = opgen_bf16_to_f32(x[ro_x[i15] + i23]);
+                            const float v40 = v39 * v39;
+                            part21 += v40;
+                            const float v41 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i23]);
+                            const float v42 = opgen_bf16_to_f32(w[i23]);
+                            const float v43 = v41 * v42;
+                            const float v44 = opgen_bf16_to_f32(x[ro_x[i15] + i23]);
+                            const float v45 = v43 * v44;
+                            part22 += v45;
+                        }
+                    }
                 }
-                l17 = opgen_block_reduce<0, float>(part21);
-                l19 = opgen_block_reduce<0, float>(part22);
+                float red46[2] = {part21, part22};
+                opgen_block_reduce_n<0, float, 2>(red46);
+                l17 = red46[0];
+                l19 = red46[1];
             }
-            const float v30 = l17;
-            l16 = v30;
-            const float v31 = l19;
-            l18 = v31;
-            for (int64_t i32 = v2 + (int64_t)threadIdx.x; i32 < v6; i32 += OPGEN_CUDA_THREADS) {
-                const float v33 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i32]);
-                const float v34 = opgen_bf16_to_f32(x[ro_x[i15] + i32]);
-                const float v35 = v33 * v34;
-                const float v36 = l16;
-                const float v37 = v36 / v7;
-                const float v38 = v37 + v8;
-                const float v39 = 1.0f / sqrtf(v38);
-                const float v40 = v35 * v39;
-                l10[i32] += v40;
-                const float v41 = opgen_bf16_to_f32(w[i32]);
-                const float v42 = v33 * v41;
-                const float v43 = v42 * v39;
-                const float v44 = l18;
-                const float v45 = v44 / v7;
-                const float v46 = v45 * v39;
-                const float v47 = v46 * v39;
-                const float v48 = v47 * v39;
-                const float v49 = v34 * v48;
-                const float v50 = v43 - v49;
-                grad_x[ro_grad_x[i15] + i32] = opgen_f32_to_bf16(v50);
+            const float v47 = l17;
+            l16 = v47;
+            const float v48 = l19;
+            l18 = v48;
+            const bool vok56 = ((uintptr_t)&grad_y[ro_grad_y[i15] + v2] % 8u == 0) && ((uintptr_t)&x[ro_x[i15] + v2] % 8u == 0) && ((uintptr_t)&l10[v2] % 16u == 0) && ((uintptr_t)&w[v2] % 8u == 0) && ((uintptr_t)&grad_x[ro_grad_x[i15] + v2] % 8u == 0);
+            for (int64_t vq58 = threadIdx.x; v2 + vq58 * 4 < v6; vq58 += OPGEN_CUDA_THREADS) {
+                const int64_t vb57 = v2 + vq58 * 4;
+                if (vok56 && vb57 + 4 <= v6) {
+                    opgen_vec<uint16_t, 4> vec51 = *(const opgen_vec<uint16_t, 4> *)&grad_y[ro_grad_y[i15] + vb57];
+                    opgen_vec<uint16_t, 4> vec52 = *(const opgen_vec<uint16_t, 4> *)&x[ro_x[i15] + vb57];
+                    opgen_vec<float, 4> vec53 = *(const opgen_vec<float, 4> *)&l10[vb57];
+                    opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&w[vb57];
+                    opgen_vec<uint16_t, 4> vec55;
+                    #pragma unroll
+                    for (int vj59 = 0; vj59 < 4; vj59++) {
+                        const float v60 = opgen_bf16_to_f32(vec51.v[vj59]);
+                        const float v61 = opgen_bf16_to_f32(vec52.v[vj59]);
+                        const float v62 = v60 * v61;
+                        const float v63 = l16;
+                        const float v64 = v63 / v7;
+                        const float v65 = v64 + v8;
+                        const float v66 = 1.0f / sqrtf(v65);
+                        const float v67 = v62 * v66;
+                        vec53.v[vj59] += v67;
+                        const float v68 = opgen_bf16_to_f32(vec54.v[vj59]);
+                        const float v69 = v60 * v68;
+                        const float v70 = v69 * v66;
+                        const float v71 = l18;
+                        const float v72 = v71 / v7;
+                        const float v73 = v72 * v66;
+                        const float v74 = v73 * v66;
+                        const float v75 = v74 * v66;
+                        const float v76 = v61 * v75;
+                        const float v77 = v70 - v76;
+                        vec55.v[vj59] = opgen_f32_to_bf16(v77);
+                    }
+                    *(opgen_vec<float, 4> *)&l10[vb57] = vec53;
+                    *(opgen_vec<uint16_t, 4> *)&grad_x[ro_grad_x[i15] + vb57] = vec55;
+                } else {
+                    for (int64_t i50 = vb57; i50 < vb57 + 4 && i50 < v6; i50++) {
+                        const float v78 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i50]);
+                        const float v79 = opgen_bf16_to_f32(x[ro_x[i15] + i50]);
+                        const float v80 = v78 * v79;
+                        const float v81 = l16;
+                        const float v82 = v81 / v7;
+                        const float v83 = v82 + v8;
+                        const float v84 = 1.0f / sqrtf(v83);
+                        const float v85 = v80 * v84;
+                        l10[i50] += v85;
+                        const float v86 = opgen_bf16_to_f32(w[i50]);
+                        const float v87 = v78 * v86;
+                        const float v88 = v87 * v84;
+                        const float v89 = l18;
+                        const float v90 = v89 / v7;
+                        const float v91 = v90 * v84;
+                        const float v92 = v91 * v84;
+                        const float v93 = v92 * v84;
+                        const float v94 = v79 * v93;
+                        const float v95 = v88 - v94;
+                        grad_x[ro_grad_x[i15] + i50] = opgen_f32_to_bf16(v95);
+                    }
+                }
             }
         }
         __syncthreads();
-        for (int64_t i51 = v2 + (int64_t)threadIdx.x; i51 < v6; i51 += OPGEN_CUDA_THREADS) {
-            const float v52 = l10[i51];
-            t1[i9 * d_D + i51] = v52;
+        const bool vok100 = ((uintptr_t)&l10[v2] % 16u == 0) && ((uintptr_t)&t1[i9 * d_D + v2] % 16u == 0);
+        for (int64_t vq102 = threadIdx.x; v2 + vq102 * 4 < v6; vq102 += OPGEN_CUDA_THREADS) {
+            const int64_t vb101 = v2 + vq102 * 4;
+            if (vok100 && vb101 + 4 <= v6) {
+                opgen_vec<float, 4> vec98 = *(const opgen_vec<float, 4> *)&l10[vb101];
+                opgen_vec<float, 4> vec99;
+                #pragma unroll
+                for (int vj103 = 0; vj103 < 4; vj103++) {
+                    const float v104 = vec98.v[vj103];
+                    vec99.v[vj103] = v104;
+                }
+                *(opgen_vec<float, 4> *)&t1[i9 * d_D + vb101] = vec99;
+            } else {
+                for (int64_t i97 = vb101; i97 < vb101 + 4 && i97 < v6; i97++) {
+                    const float v105 = l10[i97];
+                    t1[i9 * d_D + i97] = v105;
+                }
+            }
         }
         __syncthreads();
     }
@@ -836,17 +1097,17 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_D;
-    const int64_t v55 = ((d_N + 31) / 32);
-    for (int64_t i56 = v53 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i56 < v54; i56 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l57 = (float)0;
-        for (int64_t i58 = v53; i58 < v55; i58++) {
-            const float v59 = t1[i58 * d_D + i56];
-            l57 += v59;
+    const int64_t v106 = 0ll;
+    const int64_t v107 = d_D;
+    const int64_t v108 = ((d_N + 31) / 32);
+    for (int64_t i109 = v106 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i109 < v107; i109 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l110 = (float)0;
+        for (int64_t i111 = v106; i111 < v108; i111++) {
+            const float v112 = t1[i111 * d_D + i109];
+            l110 += v112;
         }
-        const float v60 = l57;
-        grad_w[i56] = opgen_f32_to_bf16(v60);
+        const float v113 = l110;
+        grad_w[i109] = opgen_f32_to_bf16(v113);
     }
 }
 
@@ -862,15 +1123,15 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v63 = 0ll;
-    const int64_t v64 = ((d_N + 31) / 32);
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_D;
+    const int64_t v116 = 0ll;
+    const int64_t v117 = ((d_N + 31) / 32);
+    const int64_t v118 = 0ll;
+    const int64_t v119 = d_D;
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid67 = opgen_cuda_grid(v64 - v63, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid67 > 0) k_rms_norm_backward_bf16_u_k0<<<(unsigned)grid67, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid68 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid68 > 0) k_rms_norm_backward_bf16_u_k1<<<(unsigned)grid68, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid120 = opgen_cuda_grid(v117 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid120 > 0) k_rms_norm_backward_bf16_u_k0<<<(unsigned)grid120, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid121 = opgen_cuda_grid((v119 - v118 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid121 > 0) k_rms_norm_backward_bf16_u_k1<<<(unsigned)grid121, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_bf16_u");
 }
 

@@ -142,7 +142,7 @@ class CPrinter:
         b = s.buf_type(buf)
         if b.rank == 0 and b.role.data == "local":
             return self.lanes.get(buf, self.name(buf))
-        raw = f"{self.name(buf)}[{self.offset(buf, idx)}]"
+        raw = self.elem_ref(buf, idx)
         d = self.dtype(b.dtype)
         if b.role.data in ("in", "out"):
             if d == dtypes.BF16:
@@ -166,6 +166,10 @@ class CPrinter:
         b = s.buf_type(buf)
         if b.rank == 0 and b.role.data == "local":
             return self.lanes.get(buf, self.name(buf))
+        return self.elem_ref(buf, idx)
+
+    def elem_ref(self, buf: SSAValue, idx: list[SSAValue]) -> str:
+        """The stored element ``buf[idx]`` (storage type) as a C lvalue."""
         return f"{self.name(buf)}[{self.offset(buf, idx)}]"
 
     # ------------------------------------------------------------------ scalar ops

@@ -145,6 +145,8 @@ class CudaPrinter(CPrinter):
         self.region_of: dict[SSAValue, int] = {}
         self.group: Group | None = None
         self.owned_scratch: set[SSAValue] = set()  # see thread_owned
+        self.owned_width: dict[SSAValue, int] = {}  # chunk width of the loops touching an owned buffer
+        self.vec_subst: dict[tuple[SSAValue, tuple[SSAValue, ...]], str] = {}  # element -> vector lane
         self.top = list(kernel.body.block.ops)
         self.order = {op: i for i, op in enumerate(self.top)}
         self.arg_names: dict[SSAValue, str] = {}
@@ -318,6 +320,143 @@ class CudaPrinter(CPrinter):
                 writes.add(o.c)
         return reads, writes
 
+    # ------------------------------------------------------------------ vectorisation
+    def _varies(self, v: SSAValue, lp: s.ForOp) -> bool:
+        """``v`` may change between iterations of ``lp`` (defined in it, or its variable)."""
+        owner = v.owner if isinstance(v.owner, Operation) else v.owner.parent_op()
+        return _inside(owner, lp)
+
+    def elem_bytes(self, b: s.BufType) -> int:
+        d = self.dtype(b.dtype)
+        return (d if b.role.data in ("in", "out") else d.compute).bits // 8
+
+    def vec_width(self, lp: s.ForOp) -> int:
+        """Elements per thread chunk when ``lp`` is strided over the block's threads in the
+        unit-stride flavour: every access of memory that moves with ``lp`` is ``buf[..., i]``
+        (contiguous), so a chunk is one 16-byte (or narrower) vector per buffer. 1: no chunks.
+        The general-stride flavour uses the same chunks (element by element), so both flavours
+        sum in the same order and give the same bits."""
+        sizes: list[int] = []
+        stored_shared = False
+        for o in lp.body.block.ops:
+            if o.regions or isinstance(o, s.FailOp | s.MatmulOp | s.SegmentsOp):
+                return 1
+            if isinstance(o, s.AllocOp):
+                if not _register(o.result):
+                    return 1
+                continue
+            if isinstance(o, s.LoadBitOp):
+                if self._varies(o.i, lp):
+                    return 1
+                continue
+            if not isinstance(o, s.LoadOp | s.StoreOp | s.AccumOp) or _register(o.buf):
+                continue
+            idx = list(o.idx)
+            if any(self._varies(v, lp) for v in idx[:-1]):
+                return 1
+            if not idx or idx[-1] is not lp.iv:
+                if (idx and self._varies(idx[-1], lp)) or not isinstance(o, s.LoadOp):
+                    return 1
+                continue
+            b = s.buf_type(o.buf)
+            name = self.arg_names.get(o.buf)
+            if name is not None:
+                if b.rank == 1 and self.buf_info[name].batch:
+                    return 1
+                if name in self.no_restrict:  # an aliased pair: no load after a store
+                    if isinstance(o, s.LoadOp) and stored_shared:
+                        return 1
+                    stored_shared |= not isinstance(o, s.LoadOp)
+            sizes.append(self.elem_bytes(b))
+        if not sizes:
+            return 1
+        v = 16 // max(sizes)
+        return v if v >= 2 else 1
+
+    def elem_ref(self, buf: SSAValue, idx: list[SSAValue]) -> str:
+        return self.vec_subst.get((buf, tuple(idx))) or super().elem_ref(buf, idx)
+
+    def chunked_loop(self, lp: s.ForOp, v: int, lo: str, hi: str) -> None:
+        """Thread t takes chunks t, t + T, ... of ``v`` consecutive iterations (in order). When
+        every moving address at ``lo`` is aligned, a full chunk is one vector load/store per
+        buffer; otherwise (and for the last, partial chunk) the same iterations run one by one, so
+        results never depend on alignment."""
+        iv = self.fresh("i")
+        self.names[lp.iv] = iv
+        body = list(lp.body.block.ops)
+        keys: dict[tuple[SSAValue, tuple[SSAValue, ...]], tuple[str, bool, bool]] = {}
+        for o in body:
+            if isinstance(o, s.LoadOp | s.StoreOp | s.AccumOp) and not _register(o.buf) \
+                    and list(o.idx) and o.idx[-1] is lp.iv:
+                key = (o.buf, tuple(o.idx))
+                name, load, store = keys.get(key, (self.fresh("vec"), False, False))
+                keys[key] = (name, load or not isinstance(o, s.StoreOp), store or not isinstance(o, s.LoadOp))
+        ok, vb, q = self.fresh("vok"), self.fresh("vb"), self.fresh("vq")
+        if self.unit_last:  # alignment of every moving address at the first iteration (uniform)
+            self.names[lp.iv] = lo
+            conds = []
+            for (buf, idx), _ in keys.items():
+                nbytes = v * self.elem_bytes(s.buf_type(buf))
+                conds.append(f"((uintptr_t)&{super().elem_ref(buf, list(idx))} % {nbytes}u == 0)")
+            self.line(f"const bool {ok} = {' && '.join(conds)};")
+        self.line(f"for (int64_t {q} = threadIdx.x; {lo} + {q} * {v} < {hi}; {q} += OPGEN_CUDA_THREADS) {{")
+        self.depth += 1
+        self.line(f"const int64_t {vb} = {lo} + {q} * {v};")
+        if not self.unit_last:  # strided memory: the same chunks, element by element
+            self.chunk_elements(lp, iv, vb, v, hi)
+            self.depth -= 1
+            self.line("}")
+            return
+        self.line(f"if ({ok} && {vb} + {v} <= {hi}) {{")
+        self.depth += 1
+        self.names[lp.iv] = vb
+        vecs = []
+        for (buf, idx), (name, load, store) in keys.items():
+            ct = self.storage_ctype(s.buf_type(buf))
+            vt = f"opgen_vec<{ct}, {v}>"
+            ref = super().elem_ref(buf, list(idx))
+            if load:
+                self.line(f"{vt} {name} = *(const {vt} *)&{ref};")
+            else:
+                self.line(f"{vt} {name};")
+            vecs.append((buf, idx, name, store, vt, ref))
+        j = self.fresh("vj")
+        self.line("#pragma unroll")
+        self.line(f"for (int {j} = 0; {j} < {v}; {j}++) {{")
+        self.depth += 1
+        self.names[lp.iv] = iv
+        saved_subst, outer_lines = self.vec_subst, self.lines
+        self.vec_subst = {**saved_subst, **{(b, i): f"{n}.v[{j}]" for b, i, n, _, _, _ in vecs}}
+        self.lines = []
+        self.walk(iter(body))
+        inner, self.lines, self.vec_subst = self.lines, outer_lines, saved_subst
+        if re.search(rf"\b{iv}\b", "\n".join(inner)):  # (nvcc warns about unused variables)
+            self.line(f"const int64_t {iv} = {vb} + {j};")
+        self.lines += inner
+        self.depth -= 1
+        self.line("}")
+        self.names[lp.iv] = vb
+        for _, _, name, store, vt, ref in vecs:
+            if store:
+                self.line(f"*({vt} *)&{ref} = {name};")
+        self.depth -= 1
+        self.line("} else {")
+        self.depth += 1
+        self.chunk_elements(lp, iv, vb, v, hi)
+        self.depth -= 1
+        self.line("}")
+        self.depth -= 1
+        self.line("}")
+
+    def chunk_elements(self, lp: s.ForOp, iv: str, vb: str, v: int, hi: str) -> None:
+        """The iterations of one chunk, one by one."""
+        self.line(f"for (int64_t {iv} = {vb}; {iv} < {vb} + {v} && {iv} < {hi}; {iv}++) {{")
+        self.depth += 1
+        self.names[lp.iv] = iv
+        self.walk(iter(lp.body.block.ops))
+        self.depth -= 1
+        self.line("}")
+
     def thread_owned(self, g: Group) -> set[SSAValue]:
         """Per-block scratch vectors whose element ``e`` only thread ``e % T`` ever touches: every
         access is ``buf[i]`` in a loop over ``[0, n)`` strided over the block's threads (a thread
@@ -330,6 +469,7 @@ class CudaPrinter(CPrinter):
             if not isinstance(a, s.AllocOp) or _register(a.result) or s.buf_type(a.result).rank != 1:
                 continue
             ok = True
+            widths = set()
             for use in a.result.uses:
                 o = use.operation
                 lp = o.parent_op()
@@ -337,8 +477,10 @@ class CudaPrinter(CPrinter):
                         and list(o.idx) == [lp.iv] and self._zero(lp.lo) and self._strided(lp)):
                     ok = False
                     break
-            if ok:
+                widths.add(self.vec_width(lp))
+            if ok and len(widths) <= 1:
                 out.add(a.result)
+                self.owned_width[a.result] = widths.pop() if widths else 1
         return out
 
     def _zero(self, v: SSAValue) -> bool:
@@ -469,7 +611,13 @@ class CudaPrinter(CPrinter):
                 self.line("/* thread-owned elements (see thread_owned): no barrier */")
             else:
                 self.sync()
-            self.line(f"for (size_t {z} = threadIdx.x; {z} < {count}; {z} += OPGEN_CUDA_THREADS) {n}[{z}] = ({ct})0;")
+            w = self.owned_width.get(op.result, 1) if owned else 1
+            if w == 1:
+                self.line(f"for (size_t {z} = threadIdx.x; {z} < {count}; {z} += OPGEN_CUDA_THREADS) "
+                          f"{n}[{z}] = ({ct})0;")
+            else:  # the chunks of the loops that use it
+                self.line(f"for (size_t {z} = threadIdx.x * {w}; {z} < {count}; {z} += OPGEN_CUDA_THREADS * {w}) "
+                          f"for (size_t {z}j = {z}; {z}j < {z} + {w} && {z}j < {count}; {z}j++) {n}[{z}j] = ({ct})0;")
             if not owned:
                 self.sync()
 
@@ -514,7 +662,11 @@ class CudaPrinter(CPrinter):
         if barrier:
             self.sync()
         outer = chain[0]
-        if len(chain) == 1:
+        if len(chain) == 1 and self.vec_width(outer) > 1:
+            saved = self.enter_thread((outer.iv,))
+            self.chunked_loop(outer, self.vec_width(outer), self.name(outer.lo), self.name(outer.hi))
+            self.leave_thread(saved)
+        elif len(chain) == 1:
             iv = self.name(outer.iv)
             lo, hi = self.name(outer.lo), self.name(outer.hi)
             self.line(f"for (int64_t {iv} = {lo} + (int64_t)threadIdx.x; {iv} < {hi}; {iv} += OPGEN_CUDA_THREADS) {{")
@@ -572,16 +724,30 @@ class CudaPrinter(CPrinter):
         saved_lanes = dict(self.lanes)
         for buf, (pn, _, _) in parts.items():
             self.lanes[buf] = pn
-        self.line(f"for (int64_t {iv} = {lo} + (int64_t)threadIdx.x; {iv} < {hi}; {iv} += OPGEN_CUDA_THREADS) {{")
         saved = self.enter_thread((op.iv,))
-        self.depth += 1
-        self.walk(iter(op.body.block.ops))
-        self.depth -= 1
+        if self.vec_width(op) > 1:
+            self.chunked_loop(op, self.vec_width(op), lo, hi)
+        else:
+            self.line(f"for (int64_t {iv} = {lo} + (int64_t)threadIdx.x; {iv} < {hi}; {iv} += OPGEN_CUDA_THREADS) {{")
+            self.depth += 1
+            self.walk(iter(op.body.block.ops))
+            self.depth -= 1
+            self.line("}")
         self.leave_thread(saved)
-        self.line("}")
         self.lanes = saved_lanes
+        sets: dict[tuple[str, str], list[tuple[SSAValue, str]]] = {}
         for buf, (pn, ct, kind) in parts.items():
-            self.line(f"{self.name(buf)} = opgen_block_reduce<{REDUCE_KIND[kind]}, {ct}>({pn});")
+            sets.setdefault((kind, ct), []).append((buf, pn))
+        for (kind, ct), members in sets.items():
+            if len(members) == 1:
+                (buf, pn), = members
+                self.line(f"{self.name(buf)} = opgen_block_reduce<{REDUCE_KIND[kind]}, {ct}>({pn});")
+                continue
+            arr = self.fresh("red")  # several accumulators of one kind: one set of barriers
+            self.line(f"{ct} {arr}[{len(members)}] = {{{', '.join(pn for _, pn in members)}}};")
+            self.line(f"opgen_block_reduce_n<{REDUCE_KIND[kind]}, {ct}, {len(members)}>({arr});")
+            for i, (buf, _) in enumerate(members):
+                self.line(f"{self.name(buf)} = {arr}[{i}];")
         self.depth -= 1
         self.line("}")
 
@@ -994,8 +1160,9 @@ class CudaPrinter(CPrinter):
         launcher += self.lines
         launcher += [f'    return opgen_cuda_launched("{self.fn_name}");', "}"]
         if self.layout_of is not None:  # a second flavour: the first's layout, size and checks
+            call = "_layout(dims, ws, a.wsp, &total)"
             return "\n".join([*kernels, "\n".join(launcher)]).replace(
-                f"{self.fn_name}_layout(dims, ws, a.wsp, &total)", f"{self.layout_of}_layout(dims, ws, a.wsp, &total)") + "\n"
+                self.fn_name + call, self.layout_of + call) + "\n"
         return "\n".join([*kernels, "\n".join(layout), "\n".join(wsfn), "\n".join(pre),
                           "\n".join(launcher)]) + "\n"
 

@@ -39,6 +39,7 @@
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(n)
 #define __shared__ static
+#define __align__(n) alignas(n)
 
 struct dim3 {
     unsigned int x = 1, y = 1, z = 1;
