@@ -261,6 +261,47 @@ def check_torch(torch: Any) -> int:
     return failures
 
 
+def check_paths(torch: Any) -> int:
+    """Aligned (16-byte vectors), odd-offset (element by element) and strided (general-stride
+    flavour) inputs give bitwise identical results (tests/test_cuda_emulated.py does the same on
+    the CPU model)."""
+    from opgen import runtime_cuda
+
+    def odd(t: Any) -> Any:
+        buf = torch.zeros(t.numel() + 1, device="cuda", dtype=t.dtype)
+        v = buf[1:].view(t.shape)
+        v.copy_(t)
+        return v
+
+    def every_other(t: Any) -> Any:
+        buf = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], device="cuda", dtype=t.dtype)
+        buf[..., ::2] = t
+        return buf[..., ::2]
+
+    failures = 0
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for dt in (torch.float32, torch.bfloat16):
+        N, D = 37, 1000
+        rms = {"grad_y": torch.randn(N, D, device="cuda", generator=g).to(dt),
+               "x": torch.randn(N, D, device="cuda", generator=g).to(dt),
+               "w": torch.randn(D, device="cuda", generator=g).to(dt), "eps": 1e-6}
+        emb = {"grad": torch.randn(8, 50, D, device="cuda", generator=g).to(dt),
+               "indices": torch.randint(0, 40, (8, 50), device="cuda", generator=g), "num_weights": 40,
+               "padding_idx": 3, "scale_grad_by_freq": True}
+        for op, args, moved, strided in (("rms_norm_backward", rms, ("grad_y", "x", "w"), ("w",)),
+                                         ("embedding_dense_backward", emb, ("grad",), ("grad",))):
+            runs = [runtime_cuda.call(op, **args),
+                    runtime_cuda.call(op, **{**args, **{k: odd(args[k]) for k in moved}}),
+                    runtime_cuda.call(op, **{**args, **{k: every_other(args[k]) for k in strided}})]
+            for k in runs[0]:
+                same = all(torch.equal(r[k].contiguous().view(torch.uint8), runs[0][k].contiguous().view(torch.uint8))
+                           for r in runs[1:])
+                failures += not same
+                print(f"  {op}.{k} {dt}: aligned / odd offset / strided bitwise identical: "
+                      f"{'ok' if same else 'FAIL'}")
+    return failures
+
+
 def check_oob(torch: Any) -> int:
     """An index out of range: nothing written, status recorded on the device."""
     from opgen import runtime_cuda
@@ -492,7 +533,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller benchmark sizes")
     ap.add_argument("--llm", action="store_true", help="also the LLM sizes (V=128256, H=4096, BT=8192)")
     ap.add_argument("--skip-build", action="store_true", help="reuse build/cuda/libopgen_cuda.so")
-    ap.add_argument("--rows", default="check,determinism,oob,torch,embedding,rms,flce",
+    ap.add_argument("--rows", default="check,determinism,paths,oob,torch,embedding,rms,flce",
                     help="what to run (check includes determinism)")
     ap.add_argument("--sanitizer", action="store_true", help="compute-sanitizer memcheck + racecheck")
     ap.add_argument("--small", action="store_true", help=argparse.SUPPRESS)
@@ -506,6 +547,8 @@ def main() -> None:
     failures = 0
     if "check" in wanted:
         failures += check_all(torch, report, 2 if a.small else None)
+    if "paths" in wanted:
+        failures += check_paths(torch)
     if "oob" in wanted:
         failures += check_oob(torch)
     if "torch" in wanted and not a.small:
