@@ -137,7 +137,8 @@ class CudaPrinter(CPrinter):
                  no_restrict: Iterable[str] = ()):
         super().__init__(kernel, binding, fn_name, buf_info, dim_ids, param_index)
         self.no_restrict = set(no_restrict)
-        self.layout_of: str | None = None  # print no layout/size/check functions: use this instance's
+        self.base_name = fn_name  # names the instance's layout/size/check functions (shared by flavours)
+        self.helpers = True  # print those functions (a second flavour uses the first's)
         self.ctx = "uniform"  # uniform (whole block) | thread (one thread) | flat (grid-strided thread)
         self.owned: tuple[SSAValue, ...] = ()  # loop variables identifying this thread's iteration
         self.private: set[SSAValue] = set()  # scalar locals allocated in the current thread context
@@ -1042,11 +1043,11 @@ class CudaPrinter(CPrinter):
         if kids:
             self.line("off = end;")
         self.line("*total = off;")
-        layout = [f"static void {self.fn_name}_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {{"]
+        layout = [f"static void {self.base_name}_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {{"]
         layout += ["    " + x for x in self.host_prologue(False, self.lines)] + self.lines + ["}"]
-        wsfn = [f"static size_t {self.fn_name}_ws(const int64_t *dims) {{",
+        wsfn = [f"static size_t {self.base_name}_ws(const int64_t *dims) {{",
                 "    size_t total = 0;",
-                f"    {self.fn_name}_layout(dims, NULL, NULL, &total);",
+                f"    {self.base_name}_layout(dims, NULL, NULL, &total);",
                 "    return total;", "}"]
         # the leading checks form the entry's `pre` function (run by the binder before anything
         # else, also when only the workspace size is asked); the launcher does not repeat them
@@ -1054,7 +1055,7 @@ class CudaPrinter(CPrinter):
         while lead < len(steps) and steps[lead][0] == "check":
             lead += 1
         pre_lines = self.host_checks([x for _, x in steps[:lead]])  # type: ignore[misc]
-        pre = [f"static opgen_status_t {self.fn_name}_pre(const opgen_buf_t *bufs, const int64_t *dims, "
+        pre = [f"static opgen_status_t {self.base_name}_pre(const opgen_buf_t *bufs, const int64_t *dims, "
                "const opgen_scalar_t *sc) {"]
         pre += ["    " + x for x in self.host_prologue(True, pre_lines)] + pre_lines
         pre += ["    (void)bufs; (void)dims; (void)sc;", "    return OPGEN_SUCCESS;", "}"]
@@ -1152,17 +1153,15 @@ class CudaPrinter(CPrinter):
             f"    memcpy(a.sc, sc, sizeof(opgen_scalar_t) * {nparams});",
             f"    for (int d = 0; d < {len(self.dim_ids)}; d++) a.dims[d] = dims[d];",
             "    size_t total = 0;",
-            f"    {self.fn_name}_layout(dims, ws, a.wsp, &total);",
+            f"    {self.base_name}_layout(dims, ws, a.wsp, &total);",
             "    a.err = (unsigned int *)ws;",
             "    a.sticky = opgen_cuda_sticky();",
         ]
         launcher += ["    " + x for x in self.host_prologue(True, self.lines)]
         launcher += self.lines
         launcher += [f'    return opgen_cuda_launched("{self.fn_name}");', "}"]
-        if self.layout_of is not None:  # a second flavour: the first's layout, size and checks
-            call = "_layout(dims, ws, a.wsp, &total)"
-            return "\n".join([*kernels, "\n".join(launcher)]).replace(
-                self.fn_name + call, self.layout_of + call) + "\n"
+        if not self.helpers:
+            return "\n".join([*kernels, "\n".join(launcher)]) + "\n"
         return "\n".join([*kernels, "\n".join(layout), "\n".join(wsfn), "\n".join(pre),
                           "\n".join(launcher)]) + "\n"
 
@@ -1214,12 +1213,9 @@ def op_source(o: OpDef, fuse: bool = True) -> str:
                 parts.append(pr.print_instance())
             else:  # memory-bound: a unit-stride flavour (contiguous, vectorisable) chosen at run time
                 pr.fn_name = fn + "_g"
-                generic = pr.print_instance()
-                parts.append(generic.replace(f"{fn}_g_ws(", f"{fn}_ws(").replace(f"{fn}_g_pre(", f"{fn}_pre(")
-                             .replace(f"{fn}_g_layout(", f"{fn}_layout("))
+                parts.append(pr.print_instance())
                 fast = CudaPrinter(k, b, fn + "_u", info, dim_ids, pidx, no_restrict=aliased)
-                fast.unit_last = True
-                fast.layout_of = fn
+                fast.unit_last, fast.base_name, fast.helpers = True, fn, False
                 parts.append(fast.print_instance())
                 parts.append(
                     f"static opgen_status_t {fn}(const opgen_buf_t *bufs, const int64_t *dims, "
