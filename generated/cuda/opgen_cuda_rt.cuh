@@ -160,28 +160,9 @@ static __device__ __forceinline__ T opgen_combine(T a, T b) {
     return (b < a || b != b) ? b : a;
 }
 
-/* Block-wide reduction of one partial per thread in a fixed tree (warp shuffles, then the warp
- * results in shared memory). Every thread gets the result. All threads must call it. */
-template <int K, typename T>
-static __device__ T opgen_block_reduce(T v) {
-    __shared__ T part[OPGEN_CUDA_THREADS / 32];
-    const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
-    for (int o = 16; o > 0; o >>= 1) v = opgen_combine<K, T>(v, __shfl_down_sync(0xffffffffu, v, o));
-    __syncthreads(); /* the previous call's readers of part[0] are done */
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = part[lane < OPGEN_CUDA_THREADS / 32 ? lane : 0];
-        for (int o = OPGEN_CUDA_THREADS / 64; o > 0; o >>= 1)
-            v = opgen_combine<K, T>(v, __shfl_down_sync(0xffffffffu, v, o));
-        if (lane == 0) part[0] = v;
-    }
-    __syncthreads();
-    return part[0];
-}
-
-/* N independent block reductions at once (one set of barriers); each value meets its partials
- * in exactly the tree opgen_block_reduce uses, so results are the same bits. */
+/* Block-wide reductions of N partials per thread, in one fixed tree each (warp shuffles, then the
+ * warp results in shared memory) and one set of barriers. Every thread gets the N results. All
+ * threads must call it. */
 template <int K, typename T, int N>
 static __device__ void opgen_block_reduce_n(T (&v)[N]) {
     __shared__ T part[N][OPGEN_CUDA_THREADS / 32];
@@ -189,7 +170,7 @@ static __device__ void opgen_block_reduce_n(T (&v)[N]) {
 #pragma unroll
     for (int i = 0; i < N; i++)
         for (int o = 16; o > 0; o >>= 1) v[i] = opgen_combine<K, T>(v[i], __shfl_down_sync(0xffffffffu, v[i], o));
-    __syncthreads();
+    __syncthreads(); /* the previous call's readers of part are done */
     if (lane == 0)
         for (int i = 0; i < N; i++) part[i][warp] = v[i];
     __syncthreads();
@@ -204,6 +185,14 @@ static __device__ void opgen_block_reduce_n(T (&v)[N]) {
     }
     __syncthreads();
     for (int i = 0; i < N; i++) v[i] = part[i][0];
+}
+
+/* One block-wide reduction (the tree of opgen_block_reduce_n). */
+template <int K, typename T>
+static __device__ T opgen_block_reduce(T v) {
+    T a[1] = {v};
+    opgen_block_reduce_n<K, T, 1>(a);
+    return a[0];
 }
 
 /* C[m x n] (= or +=) op(A) @ op(B) by the whole block: element (i, k) of op(A) is

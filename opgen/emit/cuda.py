@@ -206,7 +206,7 @@ class CudaPrinter(CPrinter):
     def operands_of(self, ops: Iterable[Operation]) -> list[SSAValue]:
         out: list[SSAValue] = []
         for op in ops:
-            for o in (op, *_nested(op)):
+            for o in op.walk():
                 out.extend(o.operands)
         return out
 
@@ -309,17 +309,8 @@ class CudaPrinter(CPrinter):
 
     def accessed(self, loop: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
         """Buffers read and written (non-register) inside ``loop``."""
-        reads: set[SSAValue] = set()
-        writes: set[SSAValue] = set()
-        for o in (loop, *_nested(loop)):
-            if isinstance(o, s.LoadOp | s.LoadBitOp) and not _register(o.buf):
-                reads.add(o.buf)
-            elif isinstance(o, s.StoreOp | s.AccumOp) and not _register(o.buf):
-                writes.add(o.buf)
-            elif isinstance(o, s.MatmulOp):
-                reads |= {o.a, o.b, o.c}
-                writes.add(o.c)
-        return reads, writes
+        reads, writes = s.effects(loop)
+        return {b for b in reads if not _register(b)}, {b for b in writes if not _register(b)}
 
     # ------------------------------------------------------------------ vectorisation
     def _varies(self, v: SSAValue, lp: s.ForOp) -> bool:
@@ -511,7 +502,7 @@ class CudaPrinter(CPrinter):
             return True
         assert self.group is not None
         for o in self.group.ops:
-            for x in (o, *_nested(o)):
+            for x in o.walk():
                 if _inside(x, loop):
                     continue
                 if isinstance(x, s.LoadOp | s.LoadBitOp | s.StoreOp | s.AccumOp) and x.buf in writes:
@@ -663,9 +654,10 @@ class CudaPrinter(CPrinter):
         if barrier:
             self.sync()
         outer = chain[0]
-        if len(chain) == 1 and self.vec_width(outer) > 1:
+        width = self.vec_width(outer) if len(chain) == 1 else 1
+        if width > 1:
             saved = self.enter_thread((outer.iv,))
-            self.chunked_loop(outer, self.vec_width(outer), self.name(outer.lo), self.name(outer.hi))
+            self.chunked_loop(outer, width, self.name(outer.lo), self.name(outer.hi))
             self.leave_thread(saved)
         elif len(chain) == 1:
             iv = self.name(outer.iv)
@@ -726,8 +718,9 @@ class CudaPrinter(CPrinter):
         for buf, (pn, _, _) in parts.items():
             self.lanes[buf] = pn
         saved = self.enter_thread((op.iv,))
-        if self.vec_width(op) > 1:
-            self.chunked_loop(op, self.vec_width(op), lo, hi)
+        width = self.vec_width(op)
+        if width > 1:
+            self.chunked_loop(op, width, lo, hi)
         else:
             self.line(f"for (int64_t {iv} = {lo} + (int64_t)threadIdx.x; {iv} < {hi}; {iv} += OPGEN_CUDA_THREADS) {{")
             self.depth += 1
@@ -949,7 +942,7 @@ class CudaPrinter(CPrinter):
                     steps.append(("segments", op))
                 continue
             # one kernel per top-level loop; statements sharing a scalar local stay together
-            used = {v for x in (op, *_nested(op)) for v in x.operands
+            used = {v for x in op.walk() for v in x.operands
                     if isinstance(v.type, s.BufType) and s.buf_type(v).role.data == "local"
                     and v.owner is not op}
             if not (cur and used & cur_regs):

@@ -19,8 +19,6 @@ lanes unchanged), so fusing never changes a result bit. Two loops ``A`` and ``B`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, SSAValue
@@ -30,35 +28,9 @@ from opgen.ir.dialect import TensorType
 from opgen.lower import sched as s
 
 
-def _walk(op: Operation) -> Iterator[Operation]:
-    yield op
-    for r in op.regions:
-        for b in r.blocks:
-            for o in b.ops:
-                yield from _walk(o)
-
-
-def _effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
-    """Buffers read and updated by ``op`` (and everything nested in it)."""
-    reads: set[SSAValue] = set()
-    writes: set[SSAValue] = set()
-    for o in _walk(op):
-        if isinstance(o, s.LoadOp | s.LoadBitOp):
-            reads.add(o.buf)
-        elif isinstance(o, s.StoreOp | s.AccumOp):
-            writes.add(o.buf)
-        elif isinstance(o, s.MatmulOp):
-            reads |= {o.a, o.b, o.c}
-            writes.add(o.c)
-        elif isinstance(o, s.SegmentsOp):
-            reads.add(o.idx)
-            writes |= {o.start, o.order}
-    return reads, writes
-
-
 def _uses(op: Operation) -> set[SSAValue]:
     """Values ``op`` and its nested operations use."""
-    return {v for o in _walk(op) for v in o.operands}
+    return {v for o in op.walk() for v in o.operands}
 
 
 def _pure(op: Operation) -> bool:
@@ -69,7 +41,7 @@ def _pure(op: Operation) -> bool:
 def _simple_reduction(loop: Operation) -> bool:
     if not (isinstance(loop, s.ForOp) and loop.kind.data == "reduce"):
         return False
-    for o in _walk(loop):
+    for o in loop.walk():
         if o is loop:
             continue
         if isinstance(o, s.ForOp | s.MatmulOp | s.FailOp | s.SegmentsOp | s.AllocOp):
@@ -87,8 +59,8 @@ def _try_fuse(a: s.ForOp, b: s.ForOp, between: list[Operation]) -> bool:
     """Fuse ``b`` into ``a`` (``between`` are the operations separating them)."""
     if a.lo != b.lo or a.hi != b.hi or not (_simple_reduction(a) and _simple_reduction(b)):
         return False
-    ra, wa = _effects(a)
-    rb, wb = _effects(b)
+    ra, wa = s.effects(a)
+    rb, wb = s.effects(b)
     if wa & (rb | wb) or wb & ra:
         return False
     above: list[Operation] = []
@@ -100,7 +72,7 @@ def _try_fuse(a: s.ForOp, b: s.ForOp, between: list[Operation]) -> bool:
             continue
         if op.regions or isinstance(op, s.FailOp | s.MatmulOp | s.SegmentsOp):
             return False
-        r, w = _effects(op)
+        r, w = s.effects(op)
         if w & (rb | wb) or r & wb:
             return False
         below.append(op)

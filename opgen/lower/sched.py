@@ -18,6 +18,7 @@ from xdsl.ir import (
     Attribute,
     Block,
     Dialect,
+    Operation,
     ParametrizedAttribute,
     Region,
     SSAValue,
@@ -302,6 +303,24 @@ class MatmulOp(IRDLOperation):
         for v in (self.a, self.b, self.c):
             if buf_type(v).rank != 2:
                 raise VerifyException("sched.matmul: operands must be 2-D buffers")
+
+
+def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
+    """Buffers read and updated by ``op`` and everything nested in it."""
+    reads: set[SSAValue] = set()
+    writes: set[SSAValue] = set()
+    for o in op.walk():
+        if isinstance(o, LoadOp | LoadBitOp):
+            reads.add(o.buf)
+        elif isinstance(o, StoreOp | AccumOp):
+            writes.add(o.buf)
+        elif isinstance(o, MatmulOp):
+            reads |= {o.a, o.b, o.c}
+            writes.add(o.c)
+        elif isinstance(o, SegmentsOp):
+            reads.add(o.idx)
+            writes |= {o.start, o.order}
+    return reads, writes
 
 
 Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, LoadOp, LoadBitOp, FlagsOp, StoreOp, AccumOp, SegmentsOp,
