@@ -21,6 +21,25 @@ class CompileError(RuntimeError):
     """The C compiler rejected a generated file."""
 
 
+def compile_cached(tool: str, key_tool: str, flags: list[str], includes: list[str], src: Path, obj_dir: Path,
+                   headers: bytes) -> tuple[Path, bool]:
+    """Compile ``src`` to ``obj_dir/<stem>.<key>.o`` unless that object exists; the key hashes the
+    source, ``headers``, ``key_tool`` (the compiler's identity) and ``flags``. Returns (object,
+    freshly built); older objects of the same source are removed."""
+    key = hashlib.sha256(src.read_bytes() + headers + " ".join([key_tool, *flags]).encode()).hexdigest()[:16]
+    obj = obj_dir / f"{src.stem}.{key}.o"
+    if obj.exists():
+        return obj, False
+    cmd = [tool, *flags, *includes, "-c", str(src), "-o", str(obj) + ".tmp"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise CompileError(f"{' '.join(cmd)}\n{(r.stdout + r.stderr)[-6000:]}")
+    for old in obj_dir.glob(f"{src.stem}.*.o"):
+        old.unlink()
+    os.replace(str(obj) + ".tmp", obj)
+    return obj, True
+
+
 def compiler() -> str:
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if not cc:
@@ -46,18 +65,7 @@ def build_library(src_dir: Path, include_dir: Path, out_dir: Path, sanitize: boo
     headers = b"".join(p.read_bytes() for p in sorted([*src_dir.glob("*.h"), *include_dir.rglob("*.h")]))
 
     def one(src: Path) -> tuple[Path, bool]:
-        key = hashlib.sha256(src.read_bytes() + headers + " ".join([cc, *flags]).encode()).hexdigest()[:16]
-        obj = obj_dir / f"{src.stem}.{key}.o"
-        if obj.exists():
-            return obj, False
-        for old in obj_dir.glob(f"{src.stem}.*.o"):
-            old.unlink()
-        cmd = [cc, *flags, f"-I{include_dir}", f"-I{src_dir}", "-c", str(src), "-o", str(obj) + ".tmp"]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise CompileError(f"{' '.join(cmd)}\n{r.stderr[-4000:]}")
-        os.replace(str(obj) + ".tmp", obj)
-        return obj, True
+        return compile_cached(cc, cc, flags, [f"-I{include_dir}", f"-I{src_dir}"], src, obj_dir, headers)
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex:
         results = list(ex.map(one, sources))
@@ -80,8 +88,8 @@ def build_library(src_dir: Path, include_dir: Path, out_dir: Path, sanitize: boo
 
 # ---------------------------------------------------------------------- CUDA (nvcc)
 #: every generated .cu must compile with these flags (all nvcc warnings are errors)
-NVCC_FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-Werror", "all-warnings",
-              "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"]
+GENCODE = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"]
+NVCC_FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-Werror", "all-warnings", *GENCODE]
 #: library-only: export nothing but the OPGEN_API entry points (the static CUDA runtime stays
 #: inside), and bind the library's own calls to its own definitions
 NVCC_LIB_FLAGS = ["-Xcompiler", "-fvisibility=hidden"]
@@ -124,21 +132,12 @@ def compile_cuda_objects(src_dir: Path, include_dir: Path, obj_dir: Path, source
                                                        *include_dir.glob("*.h")]))
 
     def one(src: Path) -> tuple[Path, bool]:
-        key = hashlib.sha256(src.read_bytes() + headers + " ".join([nvcc_version(tool), *flags]).encode())
-        obj = obj_dir / f"{src.stem}.{key.hexdigest()[:16]}.o"
-        if obj.exists():
-            return obj, False
-        cmd = [tool, *flags, f"-I{src_dir}", f"-I{include_dir}", "-c", str(src), "-o", str(obj) + ".tmp"]
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise CompileError(f"{' '.join(cmd)}\n{(r.stdout + r.stderr)[-6000:]}")
-        for old in obj_dir.glob(f"{src.stem}.*.o"):
-            old.unlink()
-        os.replace(str(obj) + ".tmp", obj)
-        if verbose:
+        obj, fresh = compile_cached(tool, nvcc_version(tool), flags, [f"-I{src_dir}", f"-I{include_dir}"], src,
+                                    obj_dir, headers)
+        if fresh and verbose:
             print(f"  [  nvcc] {src.name} ({time.perf_counter() - t0:.0f}s)", flush=True)
-        return obj, True
+        return obj, fresh
 
     with ThreadPoolExecutor(max_workers=nvcc_jobs()) as ex:
         return list(ex.map(one, srcs))
@@ -148,15 +147,18 @@ def build_cuda_library(src_dir: Path, include_dir: Path, out_dir: Path, verbose:
     """Compile every ``*.cu`` in ``src_dir`` with nvcc (sm_80 + sm_90, warnings are errors) and
     link ``out_dir/libopgen_cuda.so``."""
     results = compile_cuda_objects(src_dir, include_dir, out_dir / "obj", verbose=verbose)
-    objs = [o for o, _ in results]
     lib = out_dir / "libopgen_cuda.so"
     if any(fresh for _, fresh in results) or not lib.exists():
-        cmd = [str(nvcc()), *NVCC_LINK, "-gencode", "arch=compute_80,code=sm_80", "-gencode",
-               "arch=compute_90,code=sm_90", "-o", str(lib) + ".tmp", *map(str, objs)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise CompileError(f"{' '.join(cmd)}\n{(r.stdout + r.stderr)[-4000:]}")
-        os.replace(str(lib) + ".tmp", lib)
+        link_cuda_library([o for o, _ in results], lib)
         if verbose:
             print(f"  [  link] {lib}", flush=True)
     return lib
+
+
+def link_cuda_library(objs: list[Path], lib: Path) -> None:
+    """Link nvcc objects into the shared library ``lib`` (exporting only the plain ABI)."""
+    cmd = [str(nvcc()), *NVCC_LINK, *GENCODE, "-o", str(lib) + ".tmp", *map(str, objs)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise CompileError(f"{' '.join(cmd)}\n{(r.stdout + r.stderr)[-4000:]}")
+    os.replace(str(lib) + ".tmp", lib)

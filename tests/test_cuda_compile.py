@@ -119,10 +119,7 @@ def library(compiled: dict[str, str | Path]) -> Path:
         pytest.fail(f"not compiled: {sorted(bad)}")
     lib = OUT / "test-lib" / "libopgen_cuda.so"
     lib.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [str(NVCC), *cc.NVCC_LINK, "-gencode", "arch=compute_80,code=sm_80", "-gencode",
-           "arch=compute_90,code=sm_90", "-o", str(lib), *map(str, compiled.values())]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
+    cc.link_cuda_library([Path(p) for p in compiled.values()], lib)
     return lib
 
 

@@ -14,6 +14,8 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from opgen.compile import CompileError, compile_cached
+
 HERE = Path(__file__).resolve().parent
 FLAGS = ["-std=c++20", "-O1", "-fPIC", "-pthread", "-w", "-fno-strict-aliasing"]
 TSAN = ["-fsanitize=thread", "-g"]
@@ -104,18 +106,11 @@ def build(sources: dict[str, str], out_dir: Path, tsan: bool = False) -> Path:
                                                        *HERE.rglob("*.h"), *HERE.rglob("*.cuh")]))
 
     def one(f: Path) -> Path:
-        key = hashlib.sha256(f.read_bytes() + headers + " ".join([tool, *flags]).encode()).hexdigest()[:16]
-        obj = obj_dir / f"{f.stem}.{key}.o"
-        if obj.exists():
-            return obj
-        cmd = [tool, *flags, f"-I{HERE}", f"-I{src_dir}", f"-I{inc_dir}", "-c", str(f), "-o", str(obj) + ".tmp"]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise EmuBuildError(f"{' '.join(cmd)}\n{(r.stdout + r.stderr)[-6000:]}")
-        for old in obj_dir.glob(f"{f.stem}.*.o"):
-            old.unlink()
-        os.replace(str(obj) + ".tmp", obj)
-        return obj
+        try:
+            return compile_cached(tool, tool, flags, [f"-I{HERE}", f"-I{src_dir}", f"-I{inc_dir}"], f, obj_dir,
+                                  headers)[0]
+        except CompileError as e:
+            raise EmuBuildError(str(e)) from e
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex:
         objs = list(ex.map(one, sorted(src_dir.glob("*.cpp"))))
