@@ -68,6 +68,44 @@ def test_threads_per_block_is_the_runtime_constant(sources: dict[str, str]) -> N
     assert f"#define OPGEN_CUDA_MAX_WS {cuda.MAX_WS}\n" in sources["cuda/opgen_cuda_rt.cuh"]
 
 
+F32_CHAIN = '''\
+from opgen.dsl import *
+
+BT, H, V = dims("BT H V")
+
+
+@op
+def f32_linear_grad(x: Tensor[f32, BT, H], w: Tensor[f32, V, H], *, gx: Output[f32, BT, H],
+                    gw: Output[f32, V, H]):
+    """A linear-loss-shaped chain on f32 data."""
+    g = exp(x @ w.T)
+    return {"gx": g @ w, "gw": g.T @ x}
+'''
+
+
+def _tc_calls(text: str) -> dict[str, list[tuple[str, str]]]:
+    """The tensor-core GEMM calls (split A?, split B?) of each kernel in a source."""
+    out = {}
+    for part in re.split(r"(?=static __global__)", text)[1:]:
+        name = re.search(r"\) (\w+)\(const opgen_cuda_args_t", part).group(1)  # type: ignore[union-attr]
+        out[name] = re.findall(r"opgen_block_gemm_tc<(true|false), (true|false)>", part)
+    return out
+
+
+def test_tensor_core_operands_are_split_unless_exact_in_tf32(sources: dict[str, str], op_files) -> None:
+    """Tiles loaded from bf16/f16 memory are exact in TF32 and multiplied once; computed f32
+    tiles (the FLCE gradient G) and f32 data are split into hi + lo (f32-level accuracy)."""
+    calls = _tc_calls(sources["cuda/fused_linear_cross_entropy_loss_grad.cu"])
+    assert calls and all(calls.values())
+    for name, got in calls.items():
+        # memory-saving kernels: logits X_i W_j^T (exact x exact), then G W_j or G^T X_i
+        want = [("false", "false"), ("true", "false")] if "softmax" not in name else [("true", "false")]
+        assert got == want, name
+    f32 = op_files({"f32_linear_grad.py": F32_CHAIN})["f32_linear_grad"]
+    calls = _tc_calls(cuda.op_source(f32))
+    assert calls and all(got == [("true", "true")] * 2 for got in calls.values()), calls
+
+
 def _write(sources: dict[str, str]) -> tuple[Path, Path]:
     """The CUDA sources and headers under build/cuda/test-src/ (only changed files rewritten)."""
     root = OUT / "test-src"

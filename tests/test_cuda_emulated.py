@@ -106,6 +106,72 @@ def test_vector_and_strided_paths_give_the_same_bits(emu_lib: Path, T: type) -> 
                 assert r[k].tobytes() == runs[0][k].tobytes(), f"{op}.{k}: the paths disagree"
 
 
+GEMM_PROBE = r"""
+#include "opgen_cuda_rt.cuh"
+static __global__ void probe(int sa, int sb, const float *A, int64_t ars, int64_t acs, const float *B, int64_t brs,
+                             int64_t bcs, float *C, int64_t m, int64_t n, int64_t k, int acc) {
+    if (sa && sb) opgen_block_gemm_tc<true, true>(m, n, k, A, ars, acs, B, brs, bcs, C, n, acc);
+    else if (sa) opgen_block_gemm_tc<true, false>(m, n, k, A, ars, acs, B, brs, bcs, C, n, acc);
+    else if (sb) opgen_block_gemm_tc<false, true>(m, n, k, A, ars, acs, B, brs, bcs, C, n, acc);
+    else opgen_block_gemm_tc<false, false>(m, n, k, A, ars, acs, B, brs, bcs, C, n, acc);
+}
+extern "C" void gemm_probe(int sa, int sb, const float *A, int64_t ars, int64_t acs, const float *B, int64_t brs,
+                           int64_t bcs, float *C, int64_t m, int64_t n, int64_t k, int acc) {
+    probe<<<1, OPGEN_CUDA_THREADS, 0, 0>>>(sa, sb, A, ars, acs, B, brs, bcs, C, m, n, k, acc);
+}
+"""
+
+
+def test_tensor_core_gemm_keeps_f32_accuracy(sources: dict[str, str]) -> None:
+    """opgen_block_gemm_tc (TF32 WMMA) on the CPU model, against float64 numpy: odd sizes,
+    transposed operands, accumulate. Operands split into hi + lo TF32 parts give f32-level
+    accuracy; the unsplit product of f32 data is only TF32-accurate (the control: the model
+    rounds like the hardware, so the split is what buys the accuracy); bf16 data is exact in
+    TF32 and needs no split. An infinite operand stays infinite (no inf - inf from the split)."""
+    keep = {p: t for p, t in sources.items() if p.startswith("include/") or p == "cuda/opgen_cuda_rt.cuh"}
+    keep["cuda/gemm_probe.cu"] = GEMM_PROBE
+    lib = ctypes.CDLL(str(emu_build.build(keep, OUT / "gemm")))
+    f, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.gemm_probe.argtypes = [ctypes.c_int, ctypes.c_int, f, i64, i64, f, i64, i64, f, i64, i64, i64, ctypes.c_int]
+    rng = np.random.default_rng(3)
+
+    def run(a: np.ndarray, b: np.ndarray, sa: bool, sb: bool, c0: np.ndarray | None = None) -> np.ndarray:
+        """C (= or +=) a @ b with a given as a (m, k) view (maybe transposed) and b (k, n)."""
+        m, k = a.shape
+        n = b.shape[1]
+        c = np.array(c0 if c0 is not None else np.full((m, n), np.nan), np.float32)
+        lib.gemm_probe(sa, sb, a.ctypes.data, a.strides[0] // 4, a.strides[1] // 4, b.ctypes.data,
+                       b.strides[0] // 4, b.strides[1] // 4, c.ctypes.data, m, n, k, c0 is not None)
+        return c
+
+    m, n, k = 70, 90, 45  # partial 64-tiles and k-steps
+    a_t = rng.standard_normal((k, m)).astype(np.float32)  # a = a_t.T: a transposed operand
+    a, b = a_t.T, rng.standard_normal((k, n)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)
+    split = run(a, b, True, True)
+    assert (np.abs(split - ref) / scale).max() < 2e-6
+    unsplit = run(a, b, False, False)
+    assert (np.abs(unsplit - ref) / scale).max() > 1e-4  # TF32's 2^-11 shows
+    # bf16 data on both sides: exact in TF32, one product is as good as the split
+    import ml_dtypes
+    ab = a.astype(ml_dtypes.bfloat16).astype(np.float32)
+    bb = b.astype(ml_dtypes.bfloat16).astype(np.float32)
+    exact = run(ab, bb, False, False)
+    ref_b = ab.astype(np.float64) @ bb.astype(np.float64)
+    assert (np.abs(exact - ref_b) / (np.abs(ab) @ np.abs(bb))).max() < 2e-6
+    # accumulate into C (A split, B exact: the FLCE gradient products)
+    c0 = rng.standard_normal((m, n)).astype(np.float32)
+    acc = run(a, bb, True, False, c0)
+    assert np.allclose(acc, c0 + a.astype(np.float64) @ bb, rtol=0, atol=2e-5 * (1 + np.abs(c0) + scale).max())
+    # an infinity in a split operand: inf * positive column sums stay inf, never NaN
+    a_inf = np.array(a)
+    a_inf[3, 5] = np.inf
+    bpos = np.abs(bb) + 0.5
+    got = run(a_inf, bpos, True, False)
+    assert np.isposinf(got[3]).all() and np.isfinite(np.delete(got, 3, 0)).all()
+
+
 def test_index_out_of_range_writes_nothing_and_is_reported(emu_lib: Path) -> None:
     lib = ctypes.CDLL(str(emu_lib))
     lib.opgen_cuda_device_status.argtypes = [ctypes.c_void_p, ctypes.c_int]
@@ -153,11 +219,16 @@ def test_no_data_races_under_threadsanitizer(sources: dict[str, str]) -> None:
 
 
 @needs_tsan
-def test_threadsanitizer_positive_control(sources: dict[str, str]) -> None:
-    """Without the barriers of the block reduction, the race is caught (the check is live)."""
+@pytest.mark.parametrize(("barrier", "op"), [("__syncthreads();", "rms_norm_backward"),
+                                             ("__syncwarp();", "fused_linear_cross_entropy_loss_grad")])
+def test_threadsanitizer_positive_control(sources: dict[str, str], barrier: str, op: str) -> None:
+    """Without the runtime's block barriers (block reductions) or warp barriers (tensor-core
+    epilogue: lanes read accumulator elements other lanes stored), the race is caught: the
+    check is live."""
     keep = {p: t for p, t in sources.items() if p.startswith("include/") or p in
-            ("cuda/opgen_cuda_rt.cu", "cuda/opgen_cuda_rt.cuh", "cuda/rms_norm_backward.cu")}
-    keep["cuda/opgen_cuda_rt.cuh"] = keep["cuda/opgen_cuda_rt.cuh"].replace("__syncthreads();", "/* removed */")
-    lib = emu_build.build(keep, OUT / "control", tsan=True)
-    r = _run_tsan(lib, "rms_norm_backward", 1)
+            ("cuda/opgen_cuda_rt.cu", "cuda/opgen_cuda_rt.cuh", f"cuda/{op}.cu")}
+    assert barrier in keep["cuda/opgen_cuda_rt.cuh"]
+    keep["cuda/opgen_cuda_rt.cuh"] = keep["cuda/opgen_cuda_rt.cuh"].replace(barrier, "/* removed */")
+    lib = emu_build.build(keep, OUT / f"control-{op}", tsan=True)
+    r = _run_tsan(lib, op, 1)
     assert "ThreadSanitizer: data race" in r.stderr, r.stderr[-3000:]

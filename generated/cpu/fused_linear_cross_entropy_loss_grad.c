@@ -3488,10 +3488,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3538,13 +3536,11 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l52_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l74_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l115_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l116_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l138_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -3623,108 +3619,90 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
                     l52[i53 * 256ll + i62] = v73;
                 }
             }
-            float *restrict l74 = l74_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i75 = v21; i75 < v45; i75++) {
-                const int64_t v76 = v42 + i75;
-                for (int64_t i77 = v21; i77 < v25; i77++) {
-                    const float v78 = opgen_f16_to_f32(weight[v76 * st_weight_0 + i77 * st_weight_1]);
-                    const float v79 = v78;
-                    l74[i75 * d_H + i77] = v79;
-                }
-            }
-            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l74, d_H, 1, l40, d_H, 1);
+            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l46, d_H, 1, l40, d_H, 1);
         }
-        for (int64_t i80 = v21; i80 < v34; i80++) {
-            const int64_t v81 = v31 + i80;
-            for (int64_t i82 = v21; i82 < v25; i82++) {
-                const float v83 = l40[i80 * d_H + i82];
-                const float v84 = v83;
-                input_grad[v81 * st_input_grad_0 + i82 * st_input_grad_1] = opgen_f32_to_f16(v84);
+        for (int64_t i74 = v21; i74 < v34; i74++) {
+            const int64_t v75 = v31 + i74;
+            for (int64_t i76 = v21; i76 < v25; i76++) {
+                const float v77 = l40[i74 * d_H + i76];
+                const float v78 = v77;
+                input_grad[v75 * st_input_grad_0 + i76 * st_input_grad_1] = opgen_f32_to_f16(v78);
             }
         }
     }
-    const int64_t v85 = 0ll;
-    const int64_t v86 = ((d_V + 255) / 256);
-    const int64_t v87 = 256ll;
-    const int64_t v88 = d_V;
-    const int64_t v89 = d_H;
-    const int64_t v90 = ((d_BT + 255) / 256);
-    const int64_t v91 = d_BT;
-    const float v92 = 1.0f;
-    const float v93 = 0.0f;
+    const int64_t v79 = 0ll;
+    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v81 = 256ll;
+    const int64_t v82 = d_V;
+    const int64_t v83 = d_H;
+    const int64_t v84 = ((d_BT + 255) / 256);
+    const int64_t v85 = d_BT;
+    const float v86 = 1.0f;
+    const float v87 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i94 = v85; i94 < v86; i94++) {
-        const int64_t v95 = i94 * v87;
-        const int64_t v96 = v95 + v87;
-        const int64_t v97 = ((v96 < v88 || v96 != v96) ? v96 : v88);
-        const int64_t v98 = v97 - v95;
-        float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i100 = v85; i100 < v98; i100++) {
-            const int64_t v101 = v95 + i100;
-            for (int64_t i102 = v85; i102 < v89; i102++) {
-                const float v103 = opgen_f16_to_f32(weight[v101 * st_weight_0 + i102 * st_weight_1]);
-                l99[i100 * d_H + i102] = v103;
+    for (int64_t i88 = v79; i88 < v80; i88++) {
+        const int64_t v89 = i88 * v81;
+        const int64_t v90 = v89 + v81;
+        const int64_t v91 = ((v90 < v82 || v90 != v90) ? v90 : v82);
+        const int64_t v92 = v91 - v89;
+        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i94 = v79; i94 < v92; i94++) {
+            const int64_t v95 = v89 + i94;
+            for (int64_t i96 = v79; i96 < v83; i96++) {
+                const float v97 = opgen_f16_to_f32(weight[v95 * st_weight_0 + i96 * st_weight_1]);
+                l93[i94 * d_H + i96] = v97;
             }
         }
-        float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l104, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i105 = v85; i105 < v90; i105++) {
-            const int64_t v106 = i105 * v87;
-            const int64_t v107 = v106 + v87;
-            const int64_t v108 = ((v107 < v91 || v107 != v107) ? v107 : v91);
-            const int64_t v109 = v108 - v106;
-            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i111 = v85; i111 < v109; i111++) {
-                const int64_t v112 = v106 + i111;
-                for (int64_t i113 = v85; i113 < v89; i113++) {
-                    const float v114 = opgen_f16_to_f32(input[v112 * st_input_0 + i113 * st_input_1]);
-                    l110[i111 * d_H + i113] = v114;
+        float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l98, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i99 = v79; i99 < v84; i99++) {
+            const int64_t v100 = i99 * v81;
+            const int64_t v101 = v100 + v81;
+            const int64_t v102 = ((v101 < v85 || v101 != v101) ? v101 : v85);
+            const int64_t v103 = v102 - v100;
+            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i105 = v79; i105 < v103; i105++) {
+                const int64_t v106 = v100 + i105;
+                for (int64_t i107 = v79; i107 < v83; i107++) {
+                    const float v108 = opgen_f16_to_f32(input[v106 * st_input_0 + i107 * st_input_1]);
+                    l104[i105 * d_H + i107] = v108;
                 }
             }
-            float *restrict l115 = l115_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v109, v98, v89, l110, d_H, 1, l99, 1, d_H, l115, 256ll, 0);
-            float *restrict l116 = l116_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i117 = v85; i117 < v109; i117++) {
-                const int64_t v118 = v106 + i117;
-                const float v119 = logits_max[v118 * st_logits_max_0];
-                const float v120 = sum_exp_logits[v118 * st_sum_exp_logits_0];
-                const int32_t v121 = masked_target[v118 * st_masked_target_0];
-                const int64_t v122 = (int64_t)(v121);
-                const bool v123 = (bool)((target_mask[(v118 >> 3) * st_target_mask_0] >> (v118 & 7)) & 1);
-                const bool v124 = !v123;
-                const float v125 = grad[v118 * st_grad_0];
-                for (int64_t i126 = v85; i126 < v98; i126++) {
-                    const int64_t v127 = v95 + i126;
-                    const float v128 = l115[i117 * 256ll + i126];
-                    const float v129 = v128;
-                    const float v130 = v129 - v119;
-                    const float v131 = expf(v130);
-                    const float v132 = v131 / v120;
-                    const bool v133 = v127 == v122;
-                    const bool v134 = v133 && v124;
-                    const float v135 = v134 ? v92 : v93;
-                    const float v136 = v132 - v135;
-                    const float v137 = v136 * v125;
-                    l116[i117 * 256ll + i126] = v137;
+            float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v103, v92, v83, l104, d_H, 1, l93, 1, d_H, l109, 256ll, 0);
+            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i111 = v79; i111 < v103; i111++) {
+                const int64_t v112 = v100 + i111;
+                const float v113 = logits_max[v112 * st_logits_max_0];
+                const float v114 = sum_exp_logits[v112 * st_sum_exp_logits_0];
+                const int32_t v115 = masked_target[v112 * st_masked_target_0];
+                const int64_t v116 = (int64_t)(v115);
+                const bool v117 = (bool)((target_mask[(v112 >> 3) * st_target_mask_0] >> (v112 & 7)) & 1);
+                const bool v118 = !v117;
+                const float v119 = grad[v112 * st_grad_0];
+                for (int64_t i120 = v79; i120 < v92; i120++) {
+                    const int64_t v121 = v89 + i120;
+                    const float v122 = l109[i111 * 256ll + i120];
+                    const float v123 = v122;
+                    const float v124 = v123 - v113;
+                    const float v125 = expf(v124);
+                    const float v126 = v125 / v114;
+                    const bool v127 = v121 == v116;
+                    const bool v128 = v127 && v118;
+                    const float v129 = v128 ? v86 : v87;
+                    const float v130 = v126 - v129;
+                    const float v131 = v130 * v119;
+                    l110[i111 * 256ll + i120] = v131;
                 }
             }
-            float *restrict l138 = l138_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i139 = v85; i139 < v109; i139++) {
-                const int64_t v140 = v106 + i139;
-                for (int64_t i141 = v85; i141 < v89; i141++) {
-                    const float v142 = opgen_f16_to_f32(input[v140 * st_input_0 + i141 * st_input_1]);
-                    const float v143 = v142;
-                    l138[i139 * d_H + i141] = v143;
-                }
-            }
-            opgen_sgemm(v98, v89, v109, l116, 1, 256ll, l138, d_H, 1, l104, d_H, 1);
+            opgen_sgemm(v92, v83, v103, l110, 1, 256ll, l104, d_H, 1, l98, d_H, 1);
         }
-        for (int64_t i144 = v85; i144 < v98; i144++) {
-            const int64_t v145 = v95 + i144;
-            for (int64_t i146 = v85; i146 < v89; i146++) {
-                const float v147 = l104[i144 * d_H + i146];
-                const float v148 = v147;
-                weight_grad[v145 * st_weight_grad_0 + i146 * st_weight_grad_1] = opgen_f32_to_f16(v148);
+        for (int64_t i132 = v79; i132 < v92; i132++) {
+            const int64_t v133 = v89 + i132;
+            for (int64_t i134 = v79; i134 < v83; i134++) {
+                const float v135 = l98[i132 * d_H + i134];
+                const float v136 = v135;
+                weight_grad[v133 * st_weight_grad_0 + i134 * st_weight_grad_1] = opgen_f32_to_f16(v136);
             }
         }
     }
@@ -3767,13 +3745,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l64_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l83_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l88_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l105_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l106_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l128_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -3852,108 +3828,90 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l42[i43 * 256ll + i52] = v63;
                 }
             }
-            float *restrict l64 = l64_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i65 = v11; i65 < v35; i65++) {
-                const int64_t v66 = v32 + i65;
-                for (int64_t i67 = v11; i67 < v15; i67++) {
-                    const float v68 = opgen_f16_to_f32(weight[v66 * st_weight_0 + i67]);
-                    const float v69 = v68;
-                    l64[i65 * d_H + i67] = v69;
-                }
-            }
-            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l64, d_H, 1, l30, d_H, 1);
+            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l36, d_H, 1, l30, d_H, 1);
         }
-        for (int64_t i70 = v11; i70 < v24; i70++) {
-            const int64_t v71 = v21 + i70;
-            for (int64_t i72 = v11; i72 < v15; i72++) {
-                const float v73 = l30[i70 * d_H + i72];
-                const float v74 = v73;
-                input_grad[v71 * st_input_grad_0 + i72] = opgen_f32_to_f16(v74);
+        for (int64_t i64 = v11; i64 < v24; i64++) {
+            const int64_t v65 = v21 + i64;
+            for (int64_t i66 = v11; i66 < v15; i66++) {
+                const float v67 = l30[i64 * d_H + i66];
+                const float v68 = v67;
+                input_grad[v65 * st_input_grad_0 + i66] = opgen_f32_to_f16(v68);
             }
         }
     }
-    const int64_t v75 = 0ll;
-    const int64_t v76 = ((d_V + 255) / 256);
-    const int64_t v77 = 256ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_H;
-    const int64_t v80 = ((d_BT + 255) / 256);
-    const int64_t v81 = d_BT;
-    const float v82 = 1.0f;
-    const float v83 = 0.0f;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v71 = 256ll;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_H;
+    const int64_t v74 = ((d_BT + 255) / 256);
+    const int64_t v75 = d_BT;
+    const float v76 = 1.0f;
+    const float v77 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i84 = v75; i84 < v76; i84++) {
-        const int64_t v85 = i84 * v77;
-        const int64_t v86 = v85 + v77;
-        const int64_t v87 = ((v86 < v78 || v86 != v86) ? v86 : v78);
-        const int64_t v88 = v87 - v85;
-        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i90 = v75; i90 < v88; i90++) {
-            const int64_t v91 = v85 + i90;
-            for (int64_t i92 = v75; i92 < v79; i92++) {
-                const float v93 = opgen_f16_to_f32(weight[v91 * st_weight_0 + i92]);
-                l89[i90 * d_H + i92] = v93;
+    for (int64_t i78 = v69; i78 < v70; i78++) {
+        const int64_t v79 = i78 * v71;
+        const int64_t v80 = v79 + v71;
+        const int64_t v81 = ((v80 < v72 || v80 != v80) ? v80 : v72);
+        const int64_t v82 = v81 - v79;
+        float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i84 = v69; i84 < v82; i84++) {
+            const int64_t v85 = v79 + i84;
+            for (int64_t i86 = v69; i86 < v73; i86++) {
+                const float v87 = opgen_f16_to_f32(weight[v85 * st_weight_0 + i86]);
+                l83[i84 * d_H + i86] = v87;
             }
         }
-        float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l94, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i95 = v75; i95 < v80; i95++) {
-            const int64_t v96 = i95 * v77;
-            const int64_t v97 = v96 + v77;
-            const int64_t v98 = ((v97 < v81 || v97 != v97) ? v97 : v81);
-            const int64_t v99 = v98 - v96;
-            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i101 = v75; i101 < v99; i101++) {
-                const int64_t v102 = v96 + i101;
-                for (int64_t i103 = v75; i103 < v79; i103++) {
-                    const float v104 = opgen_f16_to_f32(input[v102 * st_input_0 + i103]);
-                    l100[i101 * d_H + i103] = v104;
+        float *restrict l88 = l88_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l88, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i89 = v69; i89 < v74; i89++) {
+            const int64_t v90 = i89 * v71;
+            const int64_t v91 = v90 + v71;
+            const int64_t v92 = ((v91 < v75 || v91 != v91) ? v91 : v75);
+            const int64_t v93 = v92 - v90;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v69; i95 < v93; i95++) {
+                const int64_t v96 = v90 + i95;
+                for (int64_t i97 = v69; i97 < v73; i97++) {
+                    const float v98 = opgen_f16_to_f32(input[v96 * st_input_0 + i97]);
+                    l94[i95 * d_H + i97] = v98;
                 }
             }
-            float *restrict l105 = l105_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v99, v88, v79, l100, d_H, 1, l89, 1, d_H, l105, 256ll, 0);
-            float *restrict l106 = l106_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i107 = v75; i107 < v99; i107++) {
-                const int64_t v108 = v96 + i107;
-                const float v109 = logits_max[v108];
-                const float v110 = sum_exp_logits[v108];
-                const int32_t v111 = masked_target[v108];
-                const int64_t v112 = (int64_t)(v111);
-                const bool v113 = (bool)((target_mask[(v108 >> 3)] >> (v108 & 7)) & 1);
-                const bool v114 = !v113;
-                const float v115 = grad[v108];
-                for (int64_t i116 = v75; i116 < v88; i116++) {
-                    const int64_t v117 = v85 + i116;
-                    const float v118 = l105[i107 * 256ll + i116];
-                    const float v119 = v118;
-                    const float v120 = v119 - v109;
-                    const float v121 = expf(v120);
-                    const float v122 = v121 / v110;
-                    const bool v123 = v117 == v112;
-                    const bool v124 = v123 && v114;
-                    const float v125 = v124 ? v82 : v83;
-                    const float v126 = v122 - v125;
-                    const float v127 = v126 * v115;
-                    l106[i107 * 256ll + i116] = v127;
+            float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v93, v82, v73, l94, d_H, 1, l83, 1, d_H, l99, 256ll, 0);
+            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i101 = v69; i101 < v93; i101++) {
+                const int64_t v102 = v90 + i101;
+                const float v103 = logits_max[v102];
+                const float v104 = sum_exp_logits[v102];
+                const int32_t v105 = masked_target[v102];
+                const int64_t v106 = (int64_t)(v105);
+                const bool v107 = (bool)((target_mask[(v102 >> 3)] >> (v102 & 7)) & 1);
+                const bool v108 = !v107;
+                const float v109 = grad[v102];
+                for (int64_t i110 = v69; i110 < v82; i110++) {
+                    const int64_t v111 = v79 + i110;
+                    const float v112 = l99[i101 * 256ll + i110];
+                    const float v113 = v112;
+                    const float v114 = v113 - v103;
+                    const float v115 = expf(v114);
+                    const float v116 = v115 / v104;
+                    const bool v117 = v111 == v106;
+                    const bool v118 = v117 && v108;
+                    const float v119 = v118 ? v76 : v77;
+                    const float v120 = v116 - v119;
+                    const float v121 = v120 * v109;
+                    l100[i101 * 256ll + i110] = v121;
                 }
             }
-            float *restrict l128 = l128_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i129 = v75; i129 < v99; i129++) {
-                const int64_t v130 = v96 + i129;
-                for (int64_t i131 = v75; i131 < v79; i131++) {
-                    const float v132 = opgen_f16_to_f32(input[v130 * st_input_0 + i131]);
-                    const float v133 = v132;
-                    l128[i129 * d_H + i131] = v133;
-                }
-            }
-            opgen_sgemm(v88, v79, v99, l106, 1, 256ll, l128, d_H, 1, l94, d_H, 1);
+            opgen_sgemm(v82, v73, v93, l100, 1, 256ll, l94, d_H, 1, l88, d_H, 1);
         }
-        for (int64_t i134 = v75; i134 < v88; i134++) {
-            const int64_t v135 = v85 + i134;
-            for (int64_t i136 = v75; i136 < v79; i136++) {
-                const float v137 = l94[i134 * d_H + i136];
-                const float v138 = v137;
-                weight_grad[v135 * st_weight_grad_0 + i136] = opgen_f32_to_f16(v138);
+        for (int64_t i122 = v69; i122 < v82; i122++) {
+            const int64_t v123 = v79 + i122;
+            for (int64_t i124 = v69; i124 < v73; i124++) {
+                const float v125 = l88[i122 * d_H + i124];
+                const float v126 = v125;
+                weight_grad[v123 * st_weight_grad_0 + i124] = opgen_f32_to_f16(v126);
             }
         }
     }
@@ -4034,10 +3992,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -4084,13 +4040,11 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l52_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l74_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l115_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l116_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l138_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -4169,108 +4123,90 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
                     l52[i53 * 256ll + i62] = v73;
                 }
             }
-            float *restrict l74 = l74_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i75 = v21; i75 < v45; i75++) {
-                const int64_t v76 = v42 + i75;
-                for (int64_t i77 = v21; i77 < v25; i77++) {
-                    const float v78 = opgen_f16_to_f32(weight[v76 * st_weight_0 + i77 * st_weight_1]);
-                    const float v79 = v78;
-                    l74[i75 * d_H + i77] = v79;
-                }
-            }
-            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l74, d_H, 1, l40, d_H, 1);
+            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l46, d_H, 1, l40, d_H, 1);
         }
-        for (int64_t i80 = v21; i80 < v34; i80++) {
-            const int64_t v81 = v31 + i80;
-            for (int64_t i82 = v21; i82 < v25; i82++) {
-                const float v83 = l40[i80 * d_H + i82];
-                const float v84 = v83;
-                input_grad[v81 * st_input_grad_0 + i82 * st_input_grad_1] = opgen_f32_to_f16(v84);
+        for (int64_t i74 = v21; i74 < v34; i74++) {
+            const int64_t v75 = v31 + i74;
+            for (int64_t i76 = v21; i76 < v25; i76++) {
+                const float v77 = l40[i74 * d_H + i76];
+                const float v78 = v77;
+                input_grad[v75 * st_input_grad_0 + i76 * st_input_grad_1] = opgen_f32_to_f16(v78);
             }
         }
     }
-    const int64_t v85 = 0ll;
-    const int64_t v86 = ((d_V + 255) / 256);
-    const int64_t v87 = 256ll;
-    const int64_t v88 = d_V;
-    const int64_t v89 = d_H;
-    const int64_t v90 = ((d_BT + 255) / 256);
-    const int64_t v91 = d_BT;
-    const float v92 = 1.0f;
-    const float v93 = 0.0f;
+    const int64_t v79 = 0ll;
+    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v81 = 256ll;
+    const int64_t v82 = d_V;
+    const int64_t v83 = d_H;
+    const int64_t v84 = ((d_BT + 255) / 256);
+    const int64_t v85 = d_BT;
+    const float v86 = 1.0f;
+    const float v87 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i94 = v85; i94 < v86; i94++) {
-        const int64_t v95 = i94 * v87;
-        const int64_t v96 = v95 + v87;
-        const int64_t v97 = ((v96 < v88 || v96 != v96) ? v96 : v88);
-        const int64_t v98 = v97 - v95;
-        float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i100 = v85; i100 < v98; i100++) {
-            const int64_t v101 = v95 + i100;
-            for (int64_t i102 = v85; i102 < v89; i102++) {
-                const float v103 = opgen_f16_to_f32(weight[v101 * st_weight_0 + i102 * st_weight_1]);
-                l99[i100 * d_H + i102] = v103;
+    for (int64_t i88 = v79; i88 < v80; i88++) {
+        const int64_t v89 = i88 * v81;
+        const int64_t v90 = v89 + v81;
+        const int64_t v91 = ((v90 < v82 || v90 != v90) ? v90 : v82);
+        const int64_t v92 = v91 - v89;
+        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i94 = v79; i94 < v92; i94++) {
+            const int64_t v95 = v89 + i94;
+            for (int64_t i96 = v79; i96 < v83; i96++) {
+                const float v97 = opgen_f16_to_f32(weight[v95 * st_weight_0 + i96 * st_weight_1]);
+                l93[i94 * d_H + i96] = v97;
             }
         }
-        float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l104, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i105 = v85; i105 < v90; i105++) {
-            const int64_t v106 = i105 * v87;
-            const int64_t v107 = v106 + v87;
-            const int64_t v108 = ((v107 < v91 || v107 != v107) ? v107 : v91);
-            const int64_t v109 = v108 - v106;
-            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i111 = v85; i111 < v109; i111++) {
-                const int64_t v112 = v106 + i111;
-                for (int64_t i113 = v85; i113 < v89; i113++) {
-                    const float v114 = opgen_f16_to_f32(input[v112 * st_input_0 + i113 * st_input_1]);
-                    l110[i111 * d_H + i113] = v114;
+        float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l98, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i99 = v79; i99 < v84; i99++) {
+            const int64_t v100 = i99 * v81;
+            const int64_t v101 = v100 + v81;
+            const int64_t v102 = ((v101 < v85 || v101 != v101) ? v101 : v85);
+            const int64_t v103 = v102 - v100;
+            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i105 = v79; i105 < v103; i105++) {
+                const int64_t v106 = v100 + i105;
+                for (int64_t i107 = v79; i107 < v83; i107++) {
+                    const float v108 = opgen_f16_to_f32(input[v106 * st_input_0 + i107 * st_input_1]);
+                    l104[i105 * d_H + i107] = v108;
                 }
             }
-            float *restrict l115 = l115_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v109, v98, v89, l110, d_H, 1, l99, 1, d_H, l115, 256ll, 0);
-            float *restrict l116 = l116_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i117 = v85; i117 < v109; i117++) {
-                const int64_t v118 = v106 + i117;
-                const float v119 = logits_max[v118 * st_logits_max_0];
-                const float v120 = sum_exp_logits[v118 * st_sum_exp_logits_0];
-                const int64_t v121 = masked_target[v118 * st_masked_target_0];
-                const int64_t v122 = v121;
-                const bool v123 = (bool)((target_mask[(v118 >> 3) * st_target_mask_0] >> (v118 & 7)) & 1);
-                const bool v124 = !v123;
-                const float v125 = grad[v118 * st_grad_0];
-                for (int64_t i126 = v85; i126 < v98; i126++) {
-                    const int64_t v127 = v95 + i126;
-                    const float v128 = l115[i117 * 256ll + i126];
-                    const float v129 = v128;
-                    const float v130 = v129 - v119;
-                    const float v131 = expf(v130);
-                    const float v132 = v131 / v120;
-                    const bool v133 = v127 == v122;
-                    const bool v134 = v133 && v124;
-                    const float v135 = v134 ? v92 : v93;
-                    const float v136 = v132 - v135;
-                    const float v137 = v136 * v125;
-                    l116[i117 * 256ll + i126] = v137;
+            float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v103, v92, v83, l104, d_H, 1, l93, 1, d_H, l109, 256ll, 0);
+            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i111 = v79; i111 < v103; i111++) {
+                const int64_t v112 = v100 + i111;
+                const float v113 = logits_max[v112 * st_logits_max_0];
+                const float v114 = sum_exp_logits[v112 * st_sum_exp_logits_0];
+                const int64_t v115 = masked_target[v112 * st_masked_target_0];
+                const int64_t v116 = v115;
+                const bool v117 = (bool)((target_mask[(v112 >> 3) * st_target_mask_0] >> (v112 & 7)) & 1);
+                const bool v118 = !v117;
+                const float v119 = grad[v112 * st_grad_0];
+                for (int64_t i120 = v79; i120 < v92; i120++) {
+                    const int64_t v121 = v89 + i120;
+                    const float v122 = l109[i111 * 256ll + i120];
+                    const float v123 = v122;
+                    const float v124 = v123 - v113;
+                    const float v125 = expf(v124);
+                    const float v126 = v125 / v114;
+                    const bool v127 = v121 == v116;
+                    const bool v128 = v127 && v118;
+                    const float v129 = v128 ? v86 : v87;
+                    const float v130 = v126 - v129;
+                    const float v131 = v130 * v119;
+                    l110[i111 * 256ll + i120] = v131;
                 }
             }
-            float *restrict l138 = l138_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i139 = v85; i139 < v109; i139++) {
-                const int64_t v140 = v106 + i139;
-                for (int64_t i141 = v85; i141 < v89; i141++) {
-                    const float v142 = opgen_f16_to_f32(input[v140 * st_input_0 + i141 * st_input_1]);
-                    const float v143 = v142;
-                    l138[i139 * d_H + i141] = v143;
-                }
-            }
-            opgen_sgemm(v98, v89, v109, l116, 1, 256ll, l138, d_H, 1, l104, d_H, 1);
+            opgen_sgemm(v92, v83, v103, l110, 1, 256ll, l104, d_H, 1, l98, d_H, 1);
         }
-        for (int64_t i144 = v85; i144 < v98; i144++) {
-            const int64_t v145 = v95 + i144;
-            for (int64_t i146 = v85; i146 < v89; i146++) {
-                const float v147 = l104[i144 * d_H + i146];
-                const float v148 = v147;
-                weight_grad[v145 * st_weight_grad_0 + i146 * st_weight_grad_1] = opgen_f32_to_f16(v148);
+        for (int64_t i132 = v79; i132 < v92; i132++) {
+            const int64_t v133 = v89 + i132;
+            for (int64_t i134 = v79; i134 < v83; i134++) {
+                const float v135 = l98[i132 * d_H + i134];
+                const float v136 = v135;
+                weight_grad[v133 * st_weight_grad_0 + i134 * st_weight_grad_1] = opgen_f32_to_f16(v136);
             }
         }
     }
@@ -4313,13 +4249,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l64_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l83_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l88_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l105_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l106_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l128_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -4398,108 +4332,90 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l42[i43 * 256ll + i52] = v63;
                 }
             }
-            float *restrict l64 = l64_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i65 = v11; i65 < v35; i65++) {
-                const int64_t v66 = v32 + i65;
-                for (int64_t i67 = v11; i67 < v15; i67++) {
-                    const float v68 = opgen_f16_to_f32(weight[v66 * st_weight_0 + i67]);
-                    const float v69 = v68;
-                    l64[i65 * d_H + i67] = v69;
-                }
-            }
-            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l64, d_H, 1, l30, d_H, 1);
+            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l36, d_H, 1, l30, d_H, 1);
         }
-        for (int64_t i70 = v11; i70 < v24; i70++) {
-            const int64_t v71 = v21 + i70;
-            for (int64_t i72 = v11; i72 < v15; i72++) {
-                const float v73 = l30[i70 * d_H + i72];
-                const float v74 = v73;
-                input_grad[v71 * st_input_grad_0 + i72] = opgen_f32_to_f16(v74);
+        for (int64_t i64 = v11; i64 < v24; i64++) {
+            const int64_t v65 = v21 + i64;
+            for (int64_t i66 = v11; i66 < v15; i66++) {
+                const float v67 = l30[i64 * d_H + i66];
+                const float v68 = v67;
+                input_grad[v65 * st_input_grad_0 + i66] = opgen_f32_to_f16(v68);
             }
         }
     }
-    const int64_t v75 = 0ll;
-    const int64_t v76 = ((d_V + 255) / 256);
-    const int64_t v77 = 256ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_H;
-    const int64_t v80 = ((d_BT + 255) / 256);
-    const int64_t v81 = d_BT;
-    const float v82 = 1.0f;
-    const float v83 = 0.0f;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v71 = 256ll;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_H;
+    const int64_t v74 = ((d_BT + 255) / 256);
+    const int64_t v75 = d_BT;
+    const float v76 = 1.0f;
+    const float v77 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i84 = v75; i84 < v76; i84++) {
-        const int64_t v85 = i84 * v77;
-        const int64_t v86 = v85 + v77;
-        const int64_t v87 = ((v86 < v78 || v86 != v86) ? v86 : v78);
-        const int64_t v88 = v87 - v85;
-        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i90 = v75; i90 < v88; i90++) {
-            const int64_t v91 = v85 + i90;
-            for (int64_t i92 = v75; i92 < v79; i92++) {
-                const float v93 = opgen_f16_to_f32(weight[v91 * st_weight_0 + i92]);
-                l89[i90 * d_H + i92] = v93;
+    for (int64_t i78 = v69; i78 < v70; i78++) {
+        const int64_t v79 = i78 * v71;
+        const int64_t v80 = v79 + v71;
+        const int64_t v81 = ((v80 < v72 || v80 != v80) ? v80 : v72);
+        const int64_t v82 = v81 - v79;
+        float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i84 = v69; i84 < v82; i84++) {
+            const int64_t v85 = v79 + i84;
+            for (int64_t i86 = v69; i86 < v73; i86++) {
+                const float v87 = opgen_f16_to_f32(weight[v85 * st_weight_0 + i86]);
+                l83[i84 * d_H + i86] = v87;
             }
         }
-        float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l94, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i95 = v75; i95 < v80; i95++) {
-            const int64_t v96 = i95 * v77;
-            const int64_t v97 = v96 + v77;
-            const int64_t v98 = ((v97 < v81 || v97 != v97) ? v97 : v81);
-            const int64_t v99 = v98 - v96;
-            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i101 = v75; i101 < v99; i101++) {
-                const int64_t v102 = v96 + i101;
-                for (int64_t i103 = v75; i103 < v79; i103++) {
-                    const float v104 = opgen_f16_to_f32(input[v102 * st_input_0 + i103]);
-                    l100[i101 * d_H + i103] = v104;
+        float *restrict l88 = l88_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l88, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i89 = v69; i89 < v74; i89++) {
+            const int64_t v90 = i89 * v71;
+            const int64_t v91 = v90 + v71;
+            const int64_t v92 = ((v91 < v75 || v91 != v91) ? v91 : v75);
+            const int64_t v93 = v92 - v90;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v69; i95 < v93; i95++) {
+                const int64_t v96 = v90 + i95;
+                for (int64_t i97 = v69; i97 < v73; i97++) {
+                    const float v98 = opgen_f16_to_f32(input[v96 * st_input_0 + i97]);
+                    l94[i95 * d_H + i97] = v98;
                 }
             }
-            float *restrict l105 = l105_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v99, v88, v79, l100, d_H, 1, l89, 1, d_H, l105, 256ll, 0);
-            float *restrict l106 = l106_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i107 = v75; i107 < v99; i107++) {
-                const int64_t v108 = v96 + i107;
-                const float v109 = logits_max[v108];
-                const float v110 = sum_exp_logits[v108];
-                const int64_t v111 = masked_target[v108];
-                const int64_t v112 = v111;
-                const bool v113 = (bool)((target_mask[(v108 >> 3)] >> (v108 & 7)) & 1);
-                const bool v114 = !v113;
-                const float v115 = grad[v108];
-                for (int64_t i116 = v75; i116 < v88; i116++) {
-                    const int64_t v117 = v85 + i116;
-                    const float v118 = l105[i107 * 256ll + i116];
-                    const float v119 = v118;
-                    const float v120 = v119 - v109;
-                    const float v121 = expf(v120);
-                    const float v122 = v121 / v110;
-                    const bool v123 = v117 == v112;
-                    const bool v124 = v123 && v114;
-                    const float v125 = v124 ? v82 : v83;
-                    const float v126 = v122 - v125;
-                    const float v127 = v126 * v115;
-                    l106[i107 * 256ll + i116] = v127;
+            float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v93, v82, v73, l94, d_H, 1, l83, 1, d_H, l99, 256ll, 0);
+            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i101 = v69; i101 < v93; i101++) {
+                const int64_t v102 = v90 + i101;
+                const float v103 = logits_max[v102];
+                const float v104 = sum_exp_logits[v102];
+                const int64_t v105 = masked_target[v102];
+                const int64_t v106 = v105;
+                const bool v107 = (bool)((target_mask[(v102 >> 3)] >> (v102 & 7)) & 1);
+                const bool v108 = !v107;
+                const float v109 = grad[v102];
+                for (int64_t i110 = v69; i110 < v82; i110++) {
+                    const int64_t v111 = v79 + i110;
+                    const float v112 = l99[i101 * 256ll + i110];
+                    const float v113 = v112;
+                    const float v114 = v113 - v103;
+                    const float v115 = expf(v114);
+                    const float v116 = v115 / v104;
+                    const bool v117 = v111 == v106;
+                    const bool v118 = v117 && v108;
+                    const float v119 = v118 ? v76 : v77;
+                    const float v120 = v116 - v119;
+                    const float v121 = v120 * v109;
+                    l100[i101 * 256ll + i110] = v121;
                 }
             }
-            float *restrict l128 = l128_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i129 = v75; i129 < v99; i129++) {
-                const int64_t v130 = v96 + i129;
-                for (int64_t i131 = v75; i131 < v79; i131++) {
-                    const float v132 = opgen_f16_to_f32(input[v130 * st_input_0 + i131]);
-                    const float v133 = v132;
-                    l128[i129 * d_H + i131] = v133;
-                }
-            }
-            opgen_sgemm(v88, v79, v99, l106, 1, 256ll, l128, d_H, 1, l94, d_H, 1);
+            opgen_sgemm(v82, v73, v93, l100, 1, 256ll, l94, d_H, 1, l88, d_H, 1);
         }
-        for (int64_t i134 = v75; i134 < v88; i134++) {
-            const int64_t v135 = v85 + i134;
-            for (int64_t i136 = v75; i136 < v79; i136++) {
-                const float v137 = l94[i134 * d_H + i136];
-                const float v138 = v137;
-                weight_grad[v135 * st_weight_grad_0 + i136] = opgen_f32_to_f16(v138);
+        for (int64_t i122 = v69; i122 < v82; i122++) {
+            const int64_t v123 = v79 + i122;
+            for (int64_t i124 = v69; i124 < v73; i124++) {
+                const float v125 = l88[i122 * d_H + i124];
+                const float v126 = v125;
+                weight_grad[v123 * st_weight_grad_0 + i124] = opgen_f32_to_f16(v126);
             }
         }
     }
@@ -4580,10 +4496,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -4630,13 +4544,11 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l52_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l74_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l115_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l116_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l138_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -4715,108 +4627,90 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
                     l52[i53 * 256ll + i62] = v73;
                 }
             }
-            float *restrict l74 = l74_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i75 = v21; i75 < v45; i75++) {
-                const int64_t v76 = v42 + i75;
-                for (int64_t i77 = v21; i77 < v25; i77++) {
-                    const float v78 = opgen_f16_to_f32(weight[v76 * st_weight_0 + i77 * st_weight_1]);
-                    const float v79 = v78;
-                    l74[i75 * d_H + i77] = v79;
-                }
-            }
-            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l74, d_H, 1, l40, d_H, 1);
+            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l46, d_H, 1, l40, d_H, 1);
         }
-        for (int64_t i80 = v21; i80 < v34; i80++) {
-            const int64_t v81 = v31 + i80;
-            for (int64_t i82 = v21; i82 < v25; i82++) {
-                const float v83 = l40[i80 * d_H + i82];
-                const float v84 = v83;
-                input_grad[v81 * st_input_grad_0 + i82 * st_input_grad_1] = opgen_f32_to_f16(v84);
+        for (int64_t i74 = v21; i74 < v34; i74++) {
+            const int64_t v75 = v31 + i74;
+            for (int64_t i76 = v21; i76 < v25; i76++) {
+                const float v77 = l40[i74 * d_H + i76];
+                const float v78 = v77;
+                input_grad[v75 * st_input_grad_0 + i76 * st_input_grad_1] = opgen_f32_to_f16(v78);
             }
         }
     }
-    const int64_t v85 = 0ll;
-    const int64_t v86 = ((d_V + 255) / 256);
-    const int64_t v87 = 256ll;
-    const int64_t v88 = d_V;
-    const int64_t v89 = d_H;
-    const int64_t v90 = ((d_BT + 255) / 256);
-    const int64_t v91 = d_BT;
-    const float v92 = 1.0f;
-    const float v93 = 0.0f;
+    const int64_t v79 = 0ll;
+    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v81 = 256ll;
+    const int64_t v82 = d_V;
+    const int64_t v83 = d_H;
+    const int64_t v84 = ((d_BT + 255) / 256);
+    const int64_t v85 = d_BT;
+    const float v86 = 1.0f;
+    const float v87 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i94 = v85; i94 < v86; i94++) {
-        const int64_t v95 = i94 * v87;
-        const int64_t v96 = v95 + v87;
-        const int64_t v97 = ((v96 < v88 || v96 != v96) ? v96 : v88);
-        const int64_t v98 = v97 - v95;
-        float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i100 = v85; i100 < v98; i100++) {
-            const int64_t v101 = v95 + i100;
-            for (int64_t i102 = v85; i102 < v89; i102++) {
-                const float v103 = opgen_f16_to_f32(weight[v101 * st_weight_0 + i102 * st_weight_1]);
-                l99[i100 * d_H + i102] = v103;
+    for (int64_t i88 = v79; i88 < v80; i88++) {
+        const int64_t v89 = i88 * v81;
+        const int64_t v90 = v89 + v81;
+        const int64_t v91 = ((v90 < v82 || v90 != v90) ? v90 : v82);
+        const int64_t v92 = v91 - v89;
+        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i94 = v79; i94 < v92; i94++) {
+            const int64_t v95 = v89 + i94;
+            for (int64_t i96 = v79; i96 < v83; i96++) {
+                const float v97 = opgen_f16_to_f32(weight[v95 * st_weight_0 + i96 * st_weight_1]);
+                l93[i94 * d_H + i96] = v97;
             }
         }
-        float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l104, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i105 = v85; i105 < v90; i105++) {
-            const int64_t v106 = i105 * v87;
-            const int64_t v107 = v106 + v87;
-            const int64_t v108 = ((v107 < v91 || v107 != v107) ? v107 : v91);
-            const int64_t v109 = v108 - v106;
-            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i111 = v85; i111 < v109; i111++) {
-                const int64_t v112 = v106 + i111;
-                for (int64_t i113 = v85; i113 < v89; i113++) {
-                    const float v114 = opgen_f16_to_f32(input[v112 * st_input_0 + i113 * st_input_1]);
-                    l110[i111 * d_H + i113] = v114;
+        float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l98, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i99 = v79; i99 < v84; i99++) {
+            const int64_t v100 = i99 * v81;
+            const int64_t v101 = v100 + v81;
+            const int64_t v102 = ((v101 < v85 || v101 != v101) ? v101 : v85);
+            const int64_t v103 = v102 - v100;
+            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i105 = v79; i105 < v103; i105++) {
+                const int64_t v106 = v100 + i105;
+                for (int64_t i107 = v79; i107 < v83; i107++) {
+                    const float v108 = opgen_f16_to_f32(input[v106 * st_input_0 + i107 * st_input_1]);
+                    l104[i105 * d_H + i107] = v108;
                 }
             }
-            float *restrict l115 = l115_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v109, v98, v89, l110, d_H, 1, l99, 1, d_H, l115, 256ll, 0);
-            float *restrict l116 = l116_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i117 = v85; i117 < v109; i117++) {
-                const int64_t v118 = v106 + i117;
-                const float v119 = logits_max[v118 * st_logits_max_0];
-                const float v120 = sum_exp_logits[v118 * st_sum_exp_logits_0];
-                const int32_t v121 = masked_target[v118 * st_masked_target_0];
-                const int64_t v122 = (int64_t)(v121);
-                const bool v123 = target_mask[v118 * st_target_mask_0];
-                const bool v124 = !v123;
-                const float v125 = grad[v118 * st_grad_0];
-                for (int64_t i126 = v85; i126 < v98; i126++) {
-                    const int64_t v127 = v95 + i126;
-                    const float v128 = l115[i117 * 256ll + i126];
-                    const float v129 = v128;
-                    const float v130 = v129 - v119;
-                    const float v131 = expf(v130);
-                    const float v132 = v131 / v120;
-                    const bool v133 = v127 == v122;
-                    const bool v134 = v133 && v124;
-                    const float v135 = v134 ? v92 : v93;
-                    const float v136 = v132 - v135;
-                    const float v137 = v136 * v125;
-                    l116[i117 * 256ll + i126] = v137;
+            float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v103, v92, v83, l104, d_H, 1, l93, 1, d_H, l109, 256ll, 0);
+            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i111 = v79; i111 < v103; i111++) {
+                const int64_t v112 = v100 + i111;
+                const float v113 = logits_max[v112 * st_logits_max_0];
+                const float v114 = sum_exp_logits[v112 * st_sum_exp_logits_0];
+                const int32_t v115 = masked_target[v112 * st_masked_target_0];
+                const int64_t v116 = (int64_t)(v115);
+                const bool v117 = target_mask[v112 * st_target_mask_0];
+                const bool v118 = !v117;
+                const float v119 = grad[v112 * st_grad_0];
+                for (int64_t i120 = v79; i120 < v92; i120++) {
+                    const int64_t v121 = v89 + i120;
+                    const float v122 = l109[i111 * 256ll + i120];
+                    const float v123 = v122;
+                    const float v124 = v123 - v113;
+                    const float v125 = expf(v124);
+                    const float v126 = v125 / v114;
+                    const bool v127 = v121 == v116;
+                    const bool v128 = v127 && v118;
+                    const float v129 = v128 ? v86 : v87;
+                    const float v130 = v126 - v129;
+                    const float v131 = v130 * v119;
+                    l110[i111 * 256ll + i120] = v131;
                 }
             }
-            float *restrict l138 = l138_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i139 = v85; i139 < v109; i139++) {
-                const int64_t v140 = v106 + i139;
-                for (int64_t i141 = v85; i141 < v89; i141++) {
-                    const float v142 = opgen_f16_to_f32(input[v140 * st_input_0 + i141 * st_input_1]);
-                    const float v143 = v142;
-                    l138[i139 * d_H + i141] = v143;
-                }
-            }
-            opgen_sgemm(v98, v89, v109, l116, 1, 256ll, l138, d_H, 1, l104, d_H, 1);
+            opgen_sgemm(v92, v83, v103, l110, 1, 256ll, l104, d_H, 1, l98, d_H, 1);
         }
-        for (int64_t i144 = v85; i144 < v98; i144++) {
-            const int64_t v145 = v95 + i144;
-            for (int64_t i146 = v85; i146 < v89; i146++) {
-                const float v147 = l104[i144 * d_H + i146];
-                const float v148 = v147;
-                weight_grad[v145 * st_weight_grad_0 + i146 * st_weight_grad_1] = opgen_f32_to_f16(v148);
+        for (int64_t i132 = v79; i132 < v92; i132++) {
+            const int64_t v133 = v89 + i132;
+            for (int64_t i134 = v79; i134 < v83; i134++) {
+                const float v135 = l98[i132 * d_H + i134];
+                const float v136 = v135;
+                weight_grad[v133 * st_weight_grad_0 + i134 * st_weight_grad_1] = opgen_f32_to_f16(v136);
             }
         }
     }
@@ -4859,13 +4753,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l64_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l83_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l88_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l105_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l106_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l128_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -4944,108 +4836,90 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l42[i43 * 256ll + i52] = v63;
                 }
             }
-            float *restrict l64 = l64_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i65 = v11; i65 < v35; i65++) {
-                const int64_t v66 = v32 + i65;
-                for (int64_t i67 = v11; i67 < v15; i67++) {
-                    const float v68 = opgen_f16_to_f32(weight[v66 * st_weight_0 + i67]);
-                    const float v69 = v68;
-                    l64[i65 * d_H + i67] = v69;
-                }
-            }
-            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l64, d_H, 1, l30, d_H, 1);
+            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l36, d_H, 1, l30, d_H, 1);
         }
-        for (int64_t i70 = v11; i70 < v24; i70++) {
-            const int64_t v71 = v21 + i70;
-            for (int64_t i72 = v11; i72 < v15; i72++) {
-                const float v73 = l30[i70 * d_H + i72];
-                const float v74 = v73;
-                input_grad[v71 * st_input_grad_0 + i72] = opgen_f32_to_f16(v74);
+        for (int64_t i64 = v11; i64 < v24; i64++) {
+            const int64_t v65 = v21 + i64;
+            for (int64_t i66 = v11; i66 < v15; i66++) {
+                const float v67 = l30[i64 * d_H + i66];
+                const float v68 = v67;
+                input_grad[v65 * st_input_grad_0 + i66] = opgen_f32_to_f16(v68);
             }
         }
     }
-    const int64_t v75 = 0ll;
-    const int64_t v76 = ((d_V + 255) / 256);
-    const int64_t v77 = 256ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_H;
-    const int64_t v80 = ((d_BT + 255) / 256);
-    const int64_t v81 = d_BT;
-    const float v82 = 1.0f;
-    const float v83 = 0.0f;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v71 = 256ll;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_H;
+    const int64_t v74 = ((d_BT + 255) / 256);
+    const int64_t v75 = d_BT;
+    const float v76 = 1.0f;
+    const float v77 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i84 = v75; i84 < v76; i84++) {
-        const int64_t v85 = i84 * v77;
-        const int64_t v86 = v85 + v77;
-        const int64_t v87 = ((v86 < v78 || v86 != v86) ? v86 : v78);
-        const int64_t v88 = v87 - v85;
-        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i90 = v75; i90 < v88; i90++) {
-            const int64_t v91 = v85 + i90;
-            for (int64_t i92 = v75; i92 < v79; i92++) {
-                const float v93 = opgen_f16_to_f32(weight[v91 * st_weight_0 + i92]);
-                l89[i90 * d_H + i92] = v93;
+    for (int64_t i78 = v69; i78 < v70; i78++) {
+        const int64_t v79 = i78 * v71;
+        const int64_t v80 = v79 + v71;
+        const int64_t v81 = ((v80 < v72 || v80 != v80) ? v80 : v72);
+        const int64_t v82 = v81 - v79;
+        float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i84 = v69; i84 < v82; i84++) {
+            const int64_t v85 = v79 + i84;
+            for (int64_t i86 = v69; i86 < v73; i86++) {
+                const float v87 = opgen_f16_to_f32(weight[v85 * st_weight_0 + i86]);
+                l83[i84 * d_H + i86] = v87;
             }
         }
-        float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l94, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i95 = v75; i95 < v80; i95++) {
-            const int64_t v96 = i95 * v77;
-            const int64_t v97 = v96 + v77;
-            const int64_t v98 = ((v97 < v81 || v97 != v97) ? v97 : v81);
-            const int64_t v99 = v98 - v96;
-            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i101 = v75; i101 < v99; i101++) {
-                const int64_t v102 = v96 + i101;
-                for (int64_t i103 = v75; i103 < v79; i103++) {
-                    const float v104 = opgen_f16_to_f32(input[v102 * st_input_0 + i103]);
-                    l100[i101 * d_H + i103] = v104;
+        float *restrict l88 = l88_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l88, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i89 = v69; i89 < v74; i89++) {
+            const int64_t v90 = i89 * v71;
+            const int64_t v91 = v90 + v71;
+            const int64_t v92 = ((v91 < v75 || v91 != v91) ? v91 : v75);
+            const int64_t v93 = v92 - v90;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v69; i95 < v93; i95++) {
+                const int64_t v96 = v90 + i95;
+                for (int64_t i97 = v69; i97 < v73; i97++) {
+                    const float v98 = opgen_f16_to_f32(input[v96 * st_input_0 + i97]);
+                    l94[i95 * d_H + i97] = v98;
                 }
             }
-            float *restrict l105 = l105_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v99, v88, v79, l100, d_H, 1, l89, 1, d_H, l105, 256ll, 0);
-            float *restrict l106 = l106_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i107 = v75; i107 < v99; i107++) {
-                const int64_t v108 = v96 + i107;
-                const float v109 = logits_max[v108];
-                const float v110 = sum_exp_logits[v108];
-                const int32_t v111 = masked_target[v108];
-                const int64_t v112 = (int64_t)(v111);
-                const bool v113 = target_mask[v108];
-                const bool v114 = !v113;
-                const float v115 = grad[v108];
-                for (int64_t i116 = v75; i116 < v88; i116++) {
-                    const int64_t v117 = v85 + i116;
-                    const float v118 = l105[i107 * 256ll + i116];
-                    const float v119 = v118;
-                    const float v120 = v119 - v109;
-                    const float v121 = expf(v120);
-                    const float v122 = v121 / v110;
-                    const bool v123 = v117 == v112;
-                    const bool v124 = v123 && v114;
-                    const float v125 = v124 ? v82 : v83;
-                    const float v126 = v122 - v125;
-                    const float v127 = v126 * v115;
-                    l106[i107 * 256ll + i116] = v127;
+            float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v93, v82, v73, l94, d_H, 1, l83, 1, d_H, l99, 256ll, 0);
+            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i101 = v69; i101 < v93; i101++) {
+                const int64_t v102 = v90 + i101;
+                const float v103 = logits_max[v102];
+                const float v104 = sum_exp_logits[v102];
+                const int32_t v105 = masked_target[v102];
+                const int64_t v106 = (int64_t)(v105);
+                const bool v107 = target_mask[v102];
+                const bool v108 = !v107;
+                const float v109 = grad[v102];
+                for (int64_t i110 = v69; i110 < v82; i110++) {
+                    const int64_t v111 = v79 + i110;
+                    const float v112 = l99[i101 * 256ll + i110];
+                    const float v113 = v112;
+                    const float v114 = v113 - v103;
+                    const float v115 = expf(v114);
+                    const float v116 = v115 / v104;
+                    const bool v117 = v111 == v106;
+                    const bool v118 = v117 && v108;
+                    const float v119 = v118 ? v76 : v77;
+                    const float v120 = v116 - v119;
+                    const float v121 = v120 * v109;
+                    l100[i101 * 256ll + i110] = v121;
                 }
             }
-            float *restrict l128 = l128_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i129 = v75; i129 < v99; i129++) {
-                const int64_t v130 = v96 + i129;
-                for (int64_t i131 = v75; i131 < v79; i131++) {
-                    const float v132 = opgen_f16_to_f32(input[v130 * st_input_0 + i131]);
-                    const float v133 = v132;
-                    l128[i129 * d_H + i131] = v133;
-                }
-            }
-            opgen_sgemm(v88, v79, v99, l106, 1, 256ll, l128, d_H, 1, l94, d_H, 1);
+            opgen_sgemm(v82, v73, v93, l100, 1, 256ll, l94, d_H, 1, l88, d_H, 1);
         }
-        for (int64_t i134 = v75; i134 < v88; i134++) {
-            const int64_t v135 = v85 + i134;
-            for (int64_t i136 = v75; i136 < v79; i136++) {
-                const float v137 = l94[i134 * d_H + i136];
-                const float v138 = v137;
-                weight_grad[v135 * st_weight_grad_0 + i136] = opgen_f32_to_f16(v138);
+        for (int64_t i122 = v69; i122 < v82; i122++) {
+            const int64_t v123 = v79 + i122;
+            for (int64_t i124 = v69; i124 < v73; i124++) {
+                const float v125 = l88[i122 * d_H + i124];
+                const float v126 = v125;
+                weight_grad[v123 * st_weight_grad_0 + i124] = opgen_f32_to_f16(v126);
             }
         }
     }
@@ -5126,10 +5000,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -5176,13 +5048,11 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l52_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l74_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l115_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l116_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l138_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -5261,108 +5131,90 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
                     l52[i53 * 256ll + i62] = v73;
                 }
             }
-            float *restrict l74 = l74_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i75 = v21; i75 < v45; i75++) {
-                const int64_t v76 = v42 + i75;
-                for (int64_t i77 = v21; i77 < v25; i77++) {
-                    const float v78 = opgen_f16_to_f32(weight[v76 * st_weight_0 + i77 * st_weight_1]);
-                    const float v79 = v78;
-                    l74[i75 * d_H + i77] = v79;
-                }
-            }
-            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l74, d_H, 1, l40, d_H, 1);
+            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l46, d_H, 1, l40, d_H, 1);
         }
-        for (int64_t i80 = v21; i80 < v34; i80++) {
-            const int64_t v81 = v31 + i80;
-            for (int64_t i82 = v21; i82 < v25; i82++) {
-                const float v83 = l40[i80 * d_H + i82];
-                const float v84 = v83;
-                input_grad[v81 * st_input_grad_0 + i82 * st_input_grad_1] = opgen_f32_to_f16(v84);
+        for (int64_t i74 = v21; i74 < v34; i74++) {
+            const int64_t v75 = v31 + i74;
+            for (int64_t i76 = v21; i76 < v25; i76++) {
+                const float v77 = l40[i74 * d_H + i76];
+                const float v78 = v77;
+                input_grad[v75 * st_input_grad_0 + i76 * st_input_grad_1] = opgen_f32_to_f16(v78);
             }
         }
     }
-    const int64_t v85 = 0ll;
-    const int64_t v86 = ((d_V + 255) / 256);
-    const int64_t v87 = 256ll;
-    const int64_t v88 = d_V;
-    const int64_t v89 = d_H;
-    const int64_t v90 = ((d_BT + 255) / 256);
-    const int64_t v91 = d_BT;
-    const float v92 = 1.0f;
-    const float v93 = 0.0f;
+    const int64_t v79 = 0ll;
+    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v81 = 256ll;
+    const int64_t v82 = d_V;
+    const int64_t v83 = d_H;
+    const int64_t v84 = ((d_BT + 255) / 256);
+    const int64_t v85 = d_BT;
+    const float v86 = 1.0f;
+    const float v87 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i94 = v85; i94 < v86; i94++) {
-        const int64_t v95 = i94 * v87;
-        const int64_t v96 = v95 + v87;
-        const int64_t v97 = ((v96 < v88 || v96 != v96) ? v96 : v88);
-        const int64_t v98 = v97 - v95;
-        float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i100 = v85; i100 < v98; i100++) {
-            const int64_t v101 = v95 + i100;
-            for (int64_t i102 = v85; i102 < v89; i102++) {
-                const float v103 = opgen_f16_to_f32(weight[v101 * st_weight_0 + i102 * st_weight_1]);
-                l99[i100 * d_H + i102] = v103;
+    for (int64_t i88 = v79; i88 < v80; i88++) {
+        const int64_t v89 = i88 * v81;
+        const int64_t v90 = v89 + v81;
+        const int64_t v91 = ((v90 < v82 || v90 != v90) ? v90 : v82);
+        const int64_t v92 = v91 - v89;
+        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i94 = v79; i94 < v92; i94++) {
+            const int64_t v95 = v89 + i94;
+            for (int64_t i96 = v79; i96 < v83; i96++) {
+                const float v97 = opgen_f16_to_f32(weight[v95 * st_weight_0 + i96 * st_weight_1]);
+                l93[i94 * d_H + i96] = v97;
             }
         }
-        float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l104, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i105 = v85; i105 < v90; i105++) {
-            const int64_t v106 = i105 * v87;
-            const int64_t v107 = v106 + v87;
-            const int64_t v108 = ((v107 < v91 || v107 != v107) ? v107 : v91);
-            const int64_t v109 = v108 - v106;
-            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i111 = v85; i111 < v109; i111++) {
-                const int64_t v112 = v106 + i111;
-                for (int64_t i113 = v85; i113 < v89; i113++) {
-                    const float v114 = opgen_f16_to_f32(input[v112 * st_input_0 + i113 * st_input_1]);
-                    l110[i111 * d_H + i113] = v114;
+        float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l98, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i99 = v79; i99 < v84; i99++) {
+            const int64_t v100 = i99 * v81;
+            const int64_t v101 = v100 + v81;
+            const int64_t v102 = ((v101 < v85 || v101 != v101) ? v101 : v85);
+            const int64_t v103 = v102 - v100;
+            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i105 = v79; i105 < v103; i105++) {
+                const int64_t v106 = v100 + i105;
+                for (int64_t i107 = v79; i107 < v83; i107++) {
+                    const float v108 = opgen_f16_to_f32(input[v106 * st_input_0 + i107 * st_input_1]);
+                    l104[i105 * d_H + i107] = v108;
                 }
             }
-            float *restrict l115 = l115_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v109, v98, v89, l110, d_H, 1, l99, 1, d_H, l115, 256ll, 0);
-            float *restrict l116 = l116_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i117 = v85; i117 < v109; i117++) {
-                const int64_t v118 = v106 + i117;
-                const float v119 = logits_max[v118 * st_logits_max_0];
-                const float v120 = sum_exp_logits[v118 * st_sum_exp_logits_0];
-                const int64_t v121 = masked_target[v118 * st_masked_target_0];
-                const int64_t v122 = v121;
-                const bool v123 = target_mask[v118 * st_target_mask_0];
-                const bool v124 = !v123;
-                const float v125 = grad[v118 * st_grad_0];
-                for (int64_t i126 = v85; i126 < v98; i126++) {
-                    const int64_t v127 = v95 + i126;
-                    const float v128 = l115[i117 * 256ll + i126];
-                    const float v129 = v128;
-                    const float v130 = v129 - v119;
-                    const float v131 = expf(v130);
-                    const float v132 = v131 / v120;
-                    const bool v133 = v127 == v122;
-                    const bool v134 = v133 && v124;
-                    const float v135 = v134 ? v92 : v93;
-                    const float v136 = v132 - v135;
-                    const float v137 = v136 * v125;
-                    l116[i117 * 256ll + i126] = v137;
+            float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v103, v92, v83, l104, d_H, 1, l93, 1, d_H, l109, 256ll, 0);
+            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i111 = v79; i111 < v103; i111++) {
+                const int64_t v112 = v100 + i111;
+                const float v113 = logits_max[v112 * st_logits_max_0];
+                const float v114 = sum_exp_logits[v112 * st_sum_exp_logits_0];
+                const int64_t v115 = masked_target[v112 * st_masked_target_0];
+                const int64_t v116 = v115;
+                const bool v117 = target_mask[v112 * st_target_mask_0];
+                const bool v118 = !v117;
+                const float v119 = grad[v112 * st_grad_0];
+                for (int64_t i120 = v79; i120 < v92; i120++) {
+                    const int64_t v121 = v89 + i120;
+                    const float v122 = l109[i111 * 256ll + i120];
+                    const float v123 = v122;
+                    const float v124 = v123 - v113;
+                    const float v125 = expf(v124);
+                    const float v126 = v125 / v114;
+                    const bool v127 = v121 == v116;
+                    const bool v128 = v127 && v118;
+                    const float v129 = v128 ? v86 : v87;
+                    const float v130 = v126 - v129;
+                    const float v131 = v130 * v119;
+                    l110[i111 * 256ll + i120] = v131;
                 }
             }
-            float *restrict l138 = l138_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i139 = v85; i139 < v109; i139++) {
-                const int64_t v140 = v106 + i139;
-                for (int64_t i141 = v85; i141 < v89; i141++) {
-                    const float v142 = opgen_f16_to_f32(input[v140 * st_input_0 + i141 * st_input_1]);
-                    const float v143 = v142;
-                    l138[i139 * d_H + i141] = v143;
-                }
-            }
-            opgen_sgemm(v98, v89, v109, l116, 1, 256ll, l138, d_H, 1, l104, d_H, 1);
+            opgen_sgemm(v92, v83, v103, l110, 1, 256ll, l104, d_H, 1, l98, d_H, 1);
         }
-        for (int64_t i144 = v85; i144 < v98; i144++) {
-            const int64_t v145 = v95 + i144;
-            for (int64_t i146 = v85; i146 < v89; i146++) {
-                const float v147 = l104[i144 * d_H + i146];
-                const float v148 = v147;
-                weight_grad[v145 * st_weight_grad_0 + i146 * st_weight_grad_1] = opgen_f32_to_f16(v148);
+        for (int64_t i132 = v79; i132 < v92; i132++) {
+            const int64_t v133 = v89 + i132;
+            for (int64_t i134 = v79; i134 < v83; i134++) {
+                const float v135 = l98[i132 * d_H + i134];
+                const float v136 = v135;
+                weight_grad[v133 * st_weight_grad_0 + i134 * st_weight_grad_1] = opgen_f32_to_f16(v136);
             }
         }
     }
@@ -5405,13 +5257,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l64_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l83_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l88_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l105_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l106_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l128_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -5490,108 +5340,90 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l42[i43 * 256ll + i52] = v63;
                 }
             }
-            float *restrict l64 = l64_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i65 = v11; i65 < v35; i65++) {
-                const int64_t v66 = v32 + i65;
-                for (int64_t i67 = v11; i67 < v15; i67++) {
-                    const float v68 = opgen_f16_to_f32(weight[v66 * st_weight_0 + i67]);
-                    const float v69 = v68;
-                    l64[i65 * d_H + i67] = v69;
-                }
-            }
-            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l64, d_H, 1, l30, d_H, 1);
+            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l36, d_H, 1, l30, d_H, 1);
         }
-        for (int64_t i70 = v11; i70 < v24; i70++) {
-            const int64_t v71 = v21 + i70;
-            for (int64_t i72 = v11; i72 < v15; i72++) {
-                const float v73 = l30[i70 * d_H + i72];
-                const float v74 = v73;
-                input_grad[v71 * st_input_grad_0 + i72] = opgen_f32_to_f16(v74);
+        for (int64_t i64 = v11; i64 < v24; i64++) {
+            const int64_t v65 = v21 + i64;
+            for (int64_t i66 = v11; i66 < v15; i66++) {
+                const float v67 = l30[i64 * d_H + i66];
+                const float v68 = v67;
+                input_grad[v65 * st_input_grad_0 + i66] = opgen_f32_to_f16(v68);
             }
         }
     }
-    const int64_t v75 = 0ll;
-    const int64_t v76 = ((d_V + 255) / 256);
-    const int64_t v77 = 256ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_H;
-    const int64_t v80 = ((d_BT + 255) / 256);
-    const int64_t v81 = d_BT;
-    const float v82 = 1.0f;
-    const float v83 = 0.0f;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v71 = 256ll;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_H;
+    const int64_t v74 = ((d_BT + 255) / 256);
+    const int64_t v75 = d_BT;
+    const float v76 = 1.0f;
+    const float v77 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i84 = v75; i84 < v76; i84++) {
-        const int64_t v85 = i84 * v77;
-        const int64_t v86 = v85 + v77;
-        const int64_t v87 = ((v86 < v78 || v86 != v86) ? v86 : v78);
-        const int64_t v88 = v87 - v85;
-        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i90 = v75; i90 < v88; i90++) {
-            const int64_t v91 = v85 + i90;
-            for (int64_t i92 = v75; i92 < v79; i92++) {
-                const float v93 = opgen_f16_to_f32(weight[v91 * st_weight_0 + i92]);
-                l89[i90 * d_H + i92] = v93;
+    for (int64_t i78 = v69; i78 < v70; i78++) {
+        const int64_t v79 = i78 * v71;
+        const int64_t v80 = v79 + v71;
+        const int64_t v81 = ((v80 < v72 || v80 != v80) ? v80 : v72);
+        const int64_t v82 = v81 - v79;
+        float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i84 = v69; i84 < v82; i84++) {
+            const int64_t v85 = v79 + i84;
+            for (int64_t i86 = v69; i86 < v73; i86++) {
+                const float v87 = opgen_f16_to_f32(weight[v85 * st_weight_0 + i86]);
+                l83[i84 * d_H + i86] = v87;
             }
         }
-        float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l94, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i95 = v75; i95 < v80; i95++) {
-            const int64_t v96 = i95 * v77;
-            const int64_t v97 = v96 + v77;
-            const int64_t v98 = ((v97 < v81 || v97 != v97) ? v97 : v81);
-            const int64_t v99 = v98 - v96;
-            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i101 = v75; i101 < v99; i101++) {
-                const int64_t v102 = v96 + i101;
-                for (int64_t i103 = v75; i103 < v79; i103++) {
-                    const float v104 = opgen_f16_to_f32(input[v102 * st_input_0 + i103]);
-                    l100[i101 * d_H + i103] = v104;
+        float *restrict l88 = l88_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l88, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i89 = v69; i89 < v74; i89++) {
+            const int64_t v90 = i89 * v71;
+            const int64_t v91 = v90 + v71;
+            const int64_t v92 = ((v91 < v75 || v91 != v91) ? v91 : v75);
+            const int64_t v93 = v92 - v90;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v69; i95 < v93; i95++) {
+                const int64_t v96 = v90 + i95;
+                for (int64_t i97 = v69; i97 < v73; i97++) {
+                    const float v98 = opgen_f16_to_f32(input[v96 * st_input_0 + i97]);
+                    l94[i95 * d_H + i97] = v98;
                 }
             }
-            float *restrict l105 = l105_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v99, v88, v79, l100, d_H, 1, l89, 1, d_H, l105, 256ll, 0);
-            float *restrict l106 = l106_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i107 = v75; i107 < v99; i107++) {
-                const int64_t v108 = v96 + i107;
-                const float v109 = logits_max[v108];
-                const float v110 = sum_exp_logits[v108];
-                const int64_t v111 = masked_target[v108];
-                const int64_t v112 = v111;
-                const bool v113 = target_mask[v108];
-                const bool v114 = !v113;
-                const float v115 = grad[v108];
-                for (int64_t i116 = v75; i116 < v88; i116++) {
-                    const int64_t v117 = v85 + i116;
-                    const float v118 = l105[i107 * 256ll + i116];
-                    const float v119 = v118;
-                    const float v120 = v119 - v109;
-                    const float v121 = expf(v120);
-                    const float v122 = v121 / v110;
-                    const bool v123 = v117 == v112;
-                    const bool v124 = v123 && v114;
-                    const float v125 = v124 ? v82 : v83;
-                    const float v126 = v122 - v125;
-                    const float v127 = v126 * v115;
-                    l106[i107 * 256ll + i116] = v127;
+            float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v93, v82, v73, l94, d_H, 1, l83, 1, d_H, l99, 256ll, 0);
+            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i101 = v69; i101 < v93; i101++) {
+                const int64_t v102 = v90 + i101;
+                const float v103 = logits_max[v102];
+                const float v104 = sum_exp_logits[v102];
+                const int64_t v105 = masked_target[v102];
+                const int64_t v106 = v105;
+                const bool v107 = target_mask[v102];
+                const bool v108 = !v107;
+                const float v109 = grad[v102];
+                for (int64_t i110 = v69; i110 < v82; i110++) {
+                    const int64_t v111 = v79 + i110;
+                    const float v112 = l99[i101 * 256ll + i110];
+                    const float v113 = v112;
+                    const float v114 = v113 - v103;
+                    const float v115 = expf(v114);
+                    const float v116 = v115 / v104;
+                    const bool v117 = v111 == v106;
+                    const bool v118 = v117 && v108;
+                    const float v119 = v118 ? v76 : v77;
+                    const float v120 = v116 - v119;
+                    const float v121 = v120 * v109;
+                    l100[i101 * 256ll + i110] = v121;
                 }
             }
-            float *restrict l128 = l128_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i129 = v75; i129 < v99; i129++) {
-                const int64_t v130 = v96 + i129;
-                for (int64_t i131 = v75; i131 < v79; i131++) {
-                    const float v132 = opgen_f16_to_f32(input[v130 * st_input_0 + i131]);
-                    const float v133 = v132;
-                    l128[i129 * d_H + i131] = v133;
-                }
-            }
-            opgen_sgemm(v88, v79, v99, l106, 1, 256ll, l128, d_H, 1, l94, d_H, 1);
+            opgen_sgemm(v82, v73, v93, l100, 1, 256ll, l94, d_H, 1, l88, d_H, 1);
         }
-        for (int64_t i134 = v75; i134 < v88; i134++) {
-            const int64_t v135 = v85 + i134;
-            for (int64_t i136 = v75; i136 < v79; i136++) {
-                const float v137 = l94[i134 * d_H + i136];
-                const float v138 = v137;
-                weight_grad[v135 * st_weight_grad_0 + i136] = opgen_f32_to_f16(v138);
+        for (int64_t i122 = v69; i122 < v82; i122++) {
+            const int64_t v123 = v79 + i122;
+            for (int64_t i124 = v69; i124 < v73; i124++) {
+                const float v125 = l88[i122 * d_H + i124];
+                const float v126 = v125;
+                weight_grad[v123 * st_weight_grad_0 + i124] = opgen_f32_to_f16(v126);
             }
         }
     }
@@ -5672,10 +5504,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -5722,13 +5552,11 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l52_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l74_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l115_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l116_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l138_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -5807,108 +5635,90 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
                     l52[i53 * 256ll + i62] = v73;
                 }
             }
-            float *restrict l74 = l74_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i75 = v21; i75 < v45; i75++) {
-                const int64_t v76 = v42 + i75;
-                for (int64_t i77 = v21; i77 < v25; i77++) {
-                    const float v78 = opgen_bf16_to_f32(weight[v76 * st_weight_0 + i77 * st_weight_1]);
-                    const float v79 = v78;
-                    l74[i75 * d_H + i77] = v79;
-                }
-            }
-            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l74, d_H, 1, l40, d_H, 1);
+            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l46, d_H, 1, l40, d_H, 1);
         }
-        for (int64_t i80 = v21; i80 < v34; i80++) {
-            const int64_t v81 = v31 + i80;
-            for (int64_t i82 = v21; i82 < v25; i82++) {
-                const float v83 = l40[i80 * d_H + i82];
-                const float v84 = v83;
-                input_grad[v81 * st_input_grad_0 + i82 * st_input_grad_1] = opgen_f32_to_bf16(v84);
+        for (int64_t i74 = v21; i74 < v34; i74++) {
+            const int64_t v75 = v31 + i74;
+            for (int64_t i76 = v21; i76 < v25; i76++) {
+                const float v77 = l40[i74 * d_H + i76];
+                const float v78 = v77;
+                input_grad[v75 * st_input_grad_0 + i76 * st_input_grad_1] = opgen_f32_to_bf16(v78);
             }
         }
     }
-    const int64_t v85 = 0ll;
-    const int64_t v86 = ((d_V + 255) / 256);
-    const int64_t v87 = 256ll;
-    const int64_t v88 = d_V;
-    const int64_t v89 = d_H;
-    const int64_t v90 = ((d_BT + 255) / 256);
-    const int64_t v91 = d_BT;
-    const float v92 = 1.0f;
-    const float v93 = 0.0f;
+    const int64_t v79 = 0ll;
+    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v81 = 256ll;
+    const int64_t v82 = d_V;
+    const int64_t v83 = d_H;
+    const int64_t v84 = ((d_BT + 255) / 256);
+    const int64_t v85 = d_BT;
+    const float v86 = 1.0f;
+    const float v87 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i94 = v85; i94 < v86; i94++) {
-        const int64_t v95 = i94 * v87;
-        const int64_t v96 = v95 + v87;
-        const int64_t v97 = ((v96 < v88 || v96 != v96) ? v96 : v88);
-        const int64_t v98 = v97 - v95;
-        float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i100 = v85; i100 < v98; i100++) {
-            const int64_t v101 = v95 + i100;
-            for (int64_t i102 = v85; i102 < v89; i102++) {
-                const float v103 = opgen_bf16_to_f32(weight[v101 * st_weight_0 + i102 * st_weight_1]);
-                l99[i100 * d_H + i102] = v103;
+    for (int64_t i88 = v79; i88 < v80; i88++) {
+        const int64_t v89 = i88 * v81;
+        const int64_t v90 = v89 + v81;
+        const int64_t v91 = ((v90 < v82 || v90 != v90) ? v90 : v82);
+        const int64_t v92 = v91 - v89;
+        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i94 = v79; i94 < v92; i94++) {
+            const int64_t v95 = v89 + i94;
+            for (int64_t i96 = v79; i96 < v83; i96++) {
+                const float v97 = opgen_bf16_to_f32(weight[v95 * st_weight_0 + i96 * st_weight_1]);
+                l93[i94 * d_H + i96] = v97;
             }
         }
-        float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l104, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i105 = v85; i105 < v90; i105++) {
-            const int64_t v106 = i105 * v87;
-            const int64_t v107 = v106 + v87;
-            const int64_t v108 = ((v107 < v91 || v107 != v107) ? v107 : v91);
-            const int64_t v109 = v108 - v106;
-            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i111 = v85; i111 < v109; i111++) {
-                const int64_t v112 = v106 + i111;
-                for (int64_t i113 = v85; i113 < v89; i113++) {
-                    const float v114 = opgen_bf16_to_f32(input[v112 * st_input_0 + i113 * st_input_1]);
-                    l110[i111 * d_H + i113] = v114;
+        float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l98, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i99 = v79; i99 < v84; i99++) {
+            const int64_t v100 = i99 * v81;
+            const int64_t v101 = v100 + v81;
+            const int64_t v102 = ((v101 < v85 || v101 != v101) ? v101 : v85);
+            const int64_t v103 = v102 - v100;
+            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i105 = v79; i105 < v103; i105++) {
+                const int64_t v106 = v100 + i105;
+                for (int64_t i107 = v79; i107 < v83; i107++) {
+                    const float v108 = opgen_bf16_to_f32(input[v106 * st_input_0 + i107 * st_input_1]);
+                    l104[i105 * d_H + i107] = v108;
                 }
             }
-            float *restrict l115 = l115_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v109, v98, v89, l110, d_H, 1, l99, 1, d_H, l115, 256ll, 0);
-            float *restrict l116 = l116_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i117 = v85; i117 < v109; i117++) {
-                const int64_t v118 = v106 + i117;
-                const float v119 = logits_max[v118 * st_logits_max_0];
-                const float v120 = sum_exp_logits[v118 * st_sum_exp_logits_0];
-                const int32_t v121 = masked_target[v118 * st_masked_target_0];
-                const int64_t v122 = (int64_t)(v121);
-                const bool v123 = (bool)((target_mask[(v118 >> 3) * st_target_mask_0] >> (v118 & 7)) & 1);
-                const bool v124 = !v123;
-                const float v125 = grad[v118 * st_grad_0];
-                for (int64_t i126 = v85; i126 < v98; i126++) {
-                    const int64_t v127 = v95 + i126;
-                    const float v128 = l115[i117 * 256ll + i126];
-                    const float v129 = v128;
-                    const float v130 = v129 - v119;
-                    const float v131 = expf(v130);
-                    const float v132 = v131 / v120;
-                    const bool v133 = v127 == v122;
-                    const bool v134 = v133 && v124;
-                    const float v135 = v134 ? v92 : v93;
-                    const float v136 = v132 - v135;
-                    const float v137 = v136 * v125;
-                    l116[i117 * 256ll + i126] = v137;
+            float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v103, v92, v83, l104, d_H, 1, l93, 1, d_H, l109, 256ll, 0);
+            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i111 = v79; i111 < v103; i111++) {
+                const int64_t v112 = v100 + i111;
+                const float v113 = logits_max[v112 * st_logits_max_0];
+                const float v114 = sum_exp_logits[v112 * st_sum_exp_logits_0];
+                const int32_t v115 = masked_target[v112 * st_masked_target_0];
+                const int64_t v116 = (int64_t)(v115);
+                const bool v117 = (bool)((target_mask[(v112 >> 3) * st_target_mask_0] >> (v112 & 7)) & 1);
+                const bool v118 = !v117;
+                const float v119 = grad[v112 * st_grad_0];
+                for (int64_t i120 = v79; i120 < v92; i120++) {
+                    const int64_t v121 = v89 + i120;
+                    const float v122 = l109[i111 * 256ll + i120];
+                    const float v123 = v122;
+                    const float v124 = v123 - v113;
+                    const float v125 = expf(v124);
+                    const float v126 = v125 / v114;
+                    const bool v127 = v121 == v116;
+                    const bool v128 = v127 && v118;
+                    const float v129 = v128 ? v86 : v87;
+                    const float v130 = v126 - v129;
+                    const float v131 = v130 * v119;
+                    l110[i111 * 256ll + i120] = v131;
                 }
             }
-            float *restrict l138 = l138_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i139 = v85; i139 < v109; i139++) {
-                const int64_t v140 = v106 + i139;
-                for (int64_t i141 = v85; i141 < v89; i141++) {
-                    const float v142 = opgen_bf16_to_f32(input[v140 * st_input_0 + i141 * st_input_1]);
-                    const float v143 = v142;
-                    l138[i139 * d_H + i141] = v143;
-                }
-            }
-            opgen_sgemm(v98, v89, v109, l116, 1, 256ll, l138, d_H, 1, l104, d_H, 1);
+            opgen_sgemm(v92, v83, v103, l110, 1, 256ll, l104, d_H, 1, l98, d_H, 1);
         }
-        for (int64_t i144 = v85; i144 < v98; i144++) {
-            const int64_t v145 = v95 + i144;
-            for (int64_t i146 = v85; i146 < v89; i146++) {
-                const float v147 = l104[i144 * d_H + i146];
-                const float v148 = v147;
-                weight_grad[v145 * st_weight_grad_0 + i146 * st_weight_grad_1] = opgen_f32_to_bf16(v148);
+        for (int64_t i132 = v79; i132 < v92; i132++) {
+            const int64_t v133 = v89 + i132;
+            for (int64_t i134 = v79; i134 < v83; i134++) {
+                const float v135 = l98[i132 * d_H + i134];
+                const float v136 = v135;
+                weight_grad[v133 * st_weight_grad_0 + i134 * st_weight_grad_1] = opgen_f32_to_bf16(v136);
             }
         }
     }
@@ -5951,13 +5761,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l64_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l83_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l88_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l105_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l106_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l128_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -6036,108 +5844,90 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l42[i43 * 256ll + i52] = v63;
                 }
             }
-            float *restrict l64 = l64_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i65 = v11; i65 < v35; i65++) {
-                const int64_t v66 = v32 + i65;
-                for (int64_t i67 = v11; i67 < v15; i67++) {
-                    const float v68 = opgen_bf16_to_f32(weight[v66 * st_weight_0 + i67]);
-                    const float v69 = v68;
-                    l64[i65 * d_H + i67] = v69;
-                }
-            }
-            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l64, d_H, 1, l30, d_H, 1);
+            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l36, d_H, 1, l30, d_H, 1);
         }
-        for (int64_t i70 = v11; i70 < v24; i70++) {
-            const int64_t v71 = v21 + i70;
-            for (int64_t i72 = v11; i72 < v15; i72++) {
-                const float v73 = l30[i70 * d_H + i72];
-                const float v74 = v73;
-                input_grad[v71 * st_input_grad_0 + i72] = opgen_f32_to_bf16(v74);
+        for (int64_t i64 = v11; i64 < v24; i64++) {
+            const int64_t v65 = v21 + i64;
+            for (int64_t i66 = v11; i66 < v15; i66++) {
+                const float v67 = l30[i64 * d_H + i66];
+                const float v68 = v67;
+                input_grad[v65 * st_input_grad_0 + i66] = opgen_f32_to_bf16(v68);
             }
         }
     }
-    const int64_t v75 = 0ll;
-    const int64_t v76 = ((d_V + 255) / 256);
-    const int64_t v77 = 256ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_H;
-    const int64_t v80 = ((d_BT + 255) / 256);
-    const int64_t v81 = d_BT;
-    const float v82 = 1.0f;
-    const float v83 = 0.0f;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v71 = 256ll;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_H;
+    const int64_t v74 = ((d_BT + 255) / 256);
+    const int64_t v75 = d_BT;
+    const float v76 = 1.0f;
+    const float v77 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i84 = v75; i84 < v76; i84++) {
-        const int64_t v85 = i84 * v77;
-        const int64_t v86 = v85 + v77;
-        const int64_t v87 = ((v86 < v78 || v86 != v86) ? v86 : v78);
-        const int64_t v88 = v87 - v85;
-        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i90 = v75; i90 < v88; i90++) {
-            const int64_t v91 = v85 + i90;
-            for (int64_t i92 = v75; i92 < v79; i92++) {
-                const float v93 = opgen_bf16_to_f32(weight[v91 * st_weight_0 + i92]);
-                l89[i90 * d_H + i92] = v93;
+    for (int64_t i78 = v69; i78 < v70; i78++) {
+        const int64_t v79 = i78 * v71;
+        const int64_t v80 = v79 + v71;
+        const int64_t v81 = ((v80 < v72 || v80 != v80) ? v80 : v72);
+        const int64_t v82 = v81 - v79;
+        float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i84 = v69; i84 < v82; i84++) {
+            const int64_t v85 = v79 + i84;
+            for (int64_t i86 = v69; i86 < v73; i86++) {
+                const float v87 = opgen_bf16_to_f32(weight[v85 * st_weight_0 + i86]);
+                l83[i84 * d_H + i86] = v87;
             }
         }
-        float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l94, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i95 = v75; i95 < v80; i95++) {
-            const int64_t v96 = i95 * v77;
-            const int64_t v97 = v96 + v77;
-            const int64_t v98 = ((v97 < v81 || v97 != v97) ? v97 : v81);
-            const int64_t v99 = v98 - v96;
-            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i101 = v75; i101 < v99; i101++) {
-                const int64_t v102 = v96 + i101;
-                for (int64_t i103 = v75; i103 < v79; i103++) {
-                    const float v104 = opgen_bf16_to_f32(input[v102 * st_input_0 + i103]);
-                    l100[i101 * d_H + i103] = v104;
+        float *restrict l88 = l88_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l88, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i89 = v69; i89 < v74; i89++) {
+            const int64_t v90 = i89 * v71;
+            const int64_t v91 = v90 + v71;
+            const int64_t v92 = ((v91 < v75 || v91 != v91) ? v91 : v75);
+            const int64_t v93 = v92 - v90;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v69; i95 < v93; i95++) {
+                const int64_t v96 = v90 + i95;
+                for (int64_t i97 = v69; i97 < v73; i97++) {
+                    const float v98 = opgen_bf16_to_f32(input[v96 * st_input_0 + i97]);
+                    l94[i95 * d_H + i97] = v98;
                 }
             }
-            float *restrict l105 = l105_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v99, v88, v79, l100, d_H, 1, l89, 1, d_H, l105, 256ll, 0);
-            float *restrict l106 = l106_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i107 = v75; i107 < v99; i107++) {
-                const int64_t v108 = v96 + i107;
-                const float v109 = logits_max[v108];
-                const float v110 = sum_exp_logits[v108];
-                const int32_t v111 = masked_target[v108];
-                const int64_t v112 = (int64_t)(v111);
-                const bool v113 = (bool)((target_mask[(v108 >> 3)] >> (v108 & 7)) & 1);
-                const bool v114 = !v113;
-                const float v115 = grad[v108];
-                for (int64_t i116 = v75; i116 < v88; i116++) {
-                    const int64_t v117 = v85 + i116;
-                    const float v118 = l105[i107 * 256ll + i116];
-                    const float v119 = v118;
-                    const float v120 = v119 - v109;
-                    const float v121 = expf(v120);
-                    const float v122 = v121 / v110;
-                    const bool v123 = v117 == v112;
-                    const bool v124 = v123 && v114;
-                    const float v125 = v124 ? v82 : v83;
-                    const float v126 = v122 - v125;
-                    const float v127 = v126 * v115;
-                    l106[i107 * 256ll + i116] = v127;
+            float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v93, v82, v73, l94, d_H, 1, l83, 1, d_H, l99, 256ll, 0);
+            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i101 = v69; i101 < v93; i101++) {
+                const int64_t v102 = v90 + i101;
+                const float v103 = logits_max[v102];
+                const float v104 = sum_exp_logits[v102];
+                const int32_t v105 = masked_target[v102];
+                const int64_t v106 = (int64_t)(v105);
+                const bool v107 = (bool)((target_mask[(v102 >> 3)] >> (v102 & 7)) & 1);
+                const bool v108 = !v107;
+                const float v109 = grad[v102];
+                for (int64_t i110 = v69; i110 < v82; i110++) {
+                    const int64_t v111 = v79 + i110;
+                    const float v112 = l99[i101 * 256ll + i110];
+                    const float v113 = v112;
+                    const float v114 = v113 - v103;
+                    const float v115 = expf(v114);
+                    const float v116 = v115 / v104;
+                    const bool v117 = v111 == v106;
+                    const bool v118 = v117 && v108;
+                    const float v119 = v118 ? v76 : v77;
+                    const float v120 = v116 - v119;
+                    const float v121 = v120 * v109;
+                    l100[i101 * 256ll + i110] = v121;
                 }
             }
-            float *restrict l128 = l128_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i129 = v75; i129 < v99; i129++) {
-                const int64_t v130 = v96 + i129;
-                for (int64_t i131 = v75; i131 < v79; i131++) {
-                    const float v132 = opgen_bf16_to_f32(input[v130 * st_input_0 + i131]);
-                    const float v133 = v132;
-                    l128[i129 * d_H + i131] = v133;
-                }
-            }
-            opgen_sgemm(v88, v79, v99, l106, 1, 256ll, l128, d_H, 1, l94, d_H, 1);
+            opgen_sgemm(v82, v73, v93, l100, 1, 256ll, l94, d_H, 1, l88, d_H, 1);
         }
-        for (int64_t i134 = v75; i134 < v88; i134++) {
-            const int64_t v135 = v85 + i134;
-            for (int64_t i136 = v75; i136 < v79; i136++) {
-                const float v137 = l94[i134 * d_H + i136];
-                const float v138 = v137;
-                weight_grad[v135 * st_weight_grad_0 + i136] = opgen_f32_to_bf16(v138);
+        for (int64_t i122 = v69; i122 < v82; i122++) {
+            const int64_t v123 = v79 + i122;
+            for (int64_t i124 = v69; i124 < v73; i124++) {
+                const float v125 = l88[i122 * d_H + i124];
+                const float v126 = v125;
+                weight_grad[v123 * st_weight_grad_0 + i124] = opgen_f32_to_bf16(v126);
             }
         }
     }
@@ -6218,10 +6008,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -6268,13 +6056,11 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l52_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l74_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l115_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l116_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l138_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -6353,108 +6139,90 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
                     l52[i53 * 256ll + i62] = v73;
                 }
             }
-            float *restrict l74 = l74_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i75 = v21; i75 < v45; i75++) {
-                const int64_t v76 = v42 + i75;
-                for (int64_t i77 = v21; i77 < v25; i77++) {
-                    const float v78 = opgen_bf16_to_f32(weight[v76 * st_weight_0 + i77 * st_weight_1]);
-                    const float v79 = v78;
-                    l74[i75 * d_H + i77] = v79;
-                }
-            }
-            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l74, d_H, 1, l40, d_H, 1);
+            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l46, d_H, 1, l40, d_H, 1);
         }
-        for (int64_t i80 = v21; i80 < v34; i80++) {
-            const int64_t v81 = v31 + i80;
-            for (int64_t i82 = v21; i82 < v25; i82++) {
-                const float v83 = l40[i80 * d_H + i82];
-                const float v84 = v83;
-                input_grad[v81 * st_input_grad_0 + i82 * st_input_grad_1] = opgen_f32_to_bf16(v84);
+        for (int64_t i74 = v21; i74 < v34; i74++) {
+            const int64_t v75 = v31 + i74;
+            for (int64_t i76 = v21; i76 < v25; i76++) {
+                const float v77 = l40[i74 * d_H + i76];
+                const float v78 = v77;
+                input_grad[v75 * st_input_grad_0 + i76 * st_input_grad_1] = opgen_f32_to_bf16(v78);
             }
         }
     }
-    const int64_t v85 = 0ll;
-    const int64_t v86 = ((d_V + 255) / 256);
-    const int64_t v87 = 256ll;
-    const int64_t v88 = d_V;
-    const int64_t v89 = d_H;
-    const int64_t v90 = ((d_BT + 255) / 256);
-    const int64_t v91 = d_BT;
-    const float v92 = 1.0f;
-    const float v93 = 0.0f;
+    const int64_t v79 = 0ll;
+    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v81 = 256ll;
+    const int64_t v82 = d_V;
+    const int64_t v83 = d_H;
+    const int64_t v84 = ((d_BT + 255) / 256);
+    const int64_t v85 = d_BT;
+    const float v86 = 1.0f;
+    const float v87 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i94 = v85; i94 < v86; i94++) {
-        const int64_t v95 = i94 * v87;
-        const int64_t v96 = v95 + v87;
-        const int64_t v97 = ((v96 < v88 || v96 != v96) ? v96 : v88);
-        const int64_t v98 = v97 - v95;
-        float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i100 = v85; i100 < v98; i100++) {
-            const int64_t v101 = v95 + i100;
-            for (int64_t i102 = v85; i102 < v89; i102++) {
-                const float v103 = opgen_bf16_to_f32(weight[v101 * st_weight_0 + i102 * st_weight_1]);
-                l99[i100 * d_H + i102] = v103;
+    for (int64_t i88 = v79; i88 < v80; i88++) {
+        const int64_t v89 = i88 * v81;
+        const int64_t v90 = v89 + v81;
+        const int64_t v91 = ((v90 < v82 || v90 != v90) ? v90 : v82);
+        const int64_t v92 = v91 - v89;
+        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i94 = v79; i94 < v92; i94++) {
+            const int64_t v95 = v89 + i94;
+            for (int64_t i96 = v79; i96 < v83; i96++) {
+                const float v97 = opgen_bf16_to_f32(weight[v95 * st_weight_0 + i96 * st_weight_1]);
+                l93[i94 * d_H + i96] = v97;
             }
         }
-        float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l104, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i105 = v85; i105 < v90; i105++) {
-            const int64_t v106 = i105 * v87;
-            const int64_t v107 = v106 + v87;
-            const int64_t v108 = ((v107 < v91 || v107 != v107) ? v107 : v91);
-            const int64_t v109 = v108 - v106;
-            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i111 = v85; i111 < v109; i111++) {
-                const int64_t v112 = v106 + i111;
-                for (int64_t i113 = v85; i113 < v89; i113++) {
-                    const float v114 = opgen_bf16_to_f32(input[v112 * st_input_0 + i113 * st_input_1]);
-                    l110[i111 * d_H + i113] = v114;
+        float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l98, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i99 = v79; i99 < v84; i99++) {
+            const int64_t v100 = i99 * v81;
+            const int64_t v101 = v100 + v81;
+            const int64_t v102 = ((v101 < v85 || v101 != v101) ? v101 : v85);
+            const int64_t v103 = v102 - v100;
+            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i105 = v79; i105 < v103; i105++) {
+                const int64_t v106 = v100 + i105;
+                for (int64_t i107 = v79; i107 < v83; i107++) {
+                    const float v108 = opgen_bf16_to_f32(input[v106 * st_input_0 + i107 * st_input_1]);
+                    l104[i105 * d_H + i107] = v108;
                 }
             }
-            float *restrict l115 = l115_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v109, v98, v89, l110, d_H, 1, l99, 1, d_H, l115, 256ll, 0);
-            float *restrict l116 = l116_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i117 = v85; i117 < v109; i117++) {
-                const int64_t v118 = v106 + i117;
-                const float v119 = logits_max[v118 * st_logits_max_0];
-                const float v120 = sum_exp_logits[v118 * st_sum_exp_logits_0];
-                const int64_t v121 = masked_target[v118 * st_masked_target_0];
-                const int64_t v122 = v121;
-                const bool v123 = (bool)((target_mask[(v118 >> 3) * st_target_mask_0] >> (v118 & 7)) & 1);
-                const bool v124 = !v123;
-                const float v125 = grad[v118 * st_grad_0];
-                for (int64_t i126 = v85; i126 < v98; i126++) {
-                    const int64_t v127 = v95 + i126;
-                    const float v128 = l115[i117 * 256ll + i126];
-                    const float v129 = v128;
-                    const float v130 = v129 - v119;
-                    const float v131 = expf(v130);
-                    const float v132 = v131 / v120;
-                    const bool v133 = v127 == v122;
-                    const bool v134 = v133 && v124;
-                    const float v135 = v134 ? v92 : v93;
-                    const float v136 = v132 - v135;
-                    const float v137 = v136 * v125;
-                    l116[i117 * 256ll + i126] = v137;
+            float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v103, v92, v83, l104, d_H, 1, l93, 1, d_H, l109, 256ll, 0);
+            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i111 = v79; i111 < v103; i111++) {
+                const int64_t v112 = v100 + i111;
+                const float v113 = logits_max[v112 * st_logits_max_0];
+                const float v114 = sum_exp_logits[v112 * st_sum_exp_logits_0];
+                const int64_t v115 = masked_target[v112 * st_masked_target_0];
+                const int64_t v116 = v115;
+                const bool v117 = (bool)((target_mask[(v112 >> 3) * st_target_mask_0] >> (v112 & 7)) & 1);
+                const bool v118 = !v117;
+                const float v119 = grad[v112 * st_grad_0];
+                for (int64_t i120 = v79; i120 < v92; i120++) {
+                    const int64_t v121 = v89 + i120;
+                    const float v122 = l109[i111 * 256ll + i120];
+                    const float v123 = v122;
+                    const float v124 = v123 - v113;
+                    const float v125 = expf(v124);
+                    const float v126 = v125 / v114;
+                    const bool v127 = v121 == v116;
+                    const bool v128 = v127 && v118;
+                    const float v129 = v128 ? v86 : v87;
+                    const float v130 = v126 - v129;
+                    const float v131 = v130 * v119;
+                    l110[i111 * 256ll + i120] = v131;
                 }
             }
-            float *restrict l138 = l138_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i139 = v85; i139 < v109; i139++) {
-                const int64_t v140 = v106 + i139;
-                for (int64_t i141 = v85; i141 < v89; i141++) {
-                    const float v142 = opgen_bf16_to_f32(input[v140 * st_input_0 + i141 * st_input_1]);
-                    const float v143 = v142;
-                    l138[i139 * d_H + i141] = v143;
-                }
-            }
-            opgen_sgemm(v98, v89, v109, l116, 1, 256ll, l138, d_H, 1, l104, d_H, 1);
+            opgen_sgemm(v92, v83, v103, l110, 1, 256ll, l104, d_H, 1, l98, d_H, 1);
         }
-        for (int64_t i144 = v85; i144 < v98; i144++) {
-            const int64_t v145 = v95 + i144;
-            for (int64_t i146 = v85; i146 < v89; i146++) {
-                const float v147 = l104[i144 * d_H + i146];
-                const float v148 = v147;
-                weight_grad[v145 * st_weight_grad_0 + i146 * st_weight_grad_1] = opgen_f32_to_bf16(v148);
+        for (int64_t i132 = v79; i132 < v92; i132++) {
+            const int64_t v133 = v89 + i132;
+            for (int64_t i134 = v79; i134 < v83; i134++) {
+                const float v135 = l98[i132 * d_H + i134];
+                const float v136 = v135;
+                weight_grad[v133 * st_weight_grad_0 + i134 * st_weight_grad_1] = opgen_f32_to_bf16(v136);
             }
         }
     }
@@ -6497,13 +6265,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l64_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l83_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l88_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l105_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l106_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l128_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -6582,108 +6348,90 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l42[i43 * 256ll + i52] = v63;
                 }
             }
-            float *restrict l64 = l64_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i65 = v11; i65 < v35; i65++) {
-                const int64_t v66 = v32 + i65;
-                for (int64_t i67 = v11; i67 < v15; i67++) {
-                    const float v68 = opgen_bf16_to_f32(weight[v66 * st_weight_0 + i67]);
-                    const float v69 = v68;
-                    l64[i65 * d_H + i67] = v69;
-                }
-            }
-            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l64, d_H, 1, l30, d_H, 1);
+            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l36, d_H, 1, l30, d_H, 1);
         }
-        for (int64_t i70 = v11; i70 < v24; i70++) {
-            const int64_t v71 = v21 + i70;
-            for (int64_t i72 = v11; i72 < v15; i72++) {
-                const float v73 = l30[i70 * d_H + i72];
-                const float v74 = v73;
-                input_grad[v71 * st_input_grad_0 + i72] = opgen_f32_to_bf16(v74);
+        for (int64_t i64 = v11; i64 < v24; i64++) {
+            const int64_t v65 = v21 + i64;
+            for (int64_t i66 = v11; i66 < v15; i66++) {
+                const float v67 = l30[i64 * d_H + i66];
+                const float v68 = v67;
+                input_grad[v65 * st_input_grad_0 + i66] = opgen_f32_to_bf16(v68);
             }
         }
     }
-    const int64_t v75 = 0ll;
-    const int64_t v76 = ((d_V + 255) / 256);
-    const int64_t v77 = 256ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_H;
-    const int64_t v80 = ((d_BT + 255) / 256);
-    const int64_t v81 = d_BT;
-    const float v82 = 1.0f;
-    const float v83 = 0.0f;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v71 = 256ll;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_H;
+    const int64_t v74 = ((d_BT + 255) / 256);
+    const int64_t v75 = d_BT;
+    const float v76 = 1.0f;
+    const float v77 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i84 = v75; i84 < v76; i84++) {
-        const int64_t v85 = i84 * v77;
-        const int64_t v86 = v85 + v77;
-        const int64_t v87 = ((v86 < v78 || v86 != v86) ? v86 : v78);
-        const int64_t v88 = v87 - v85;
-        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i90 = v75; i90 < v88; i90++) {
-            const int64_t v91 = v85 + i90;
-            for (int64_t i92 = v75; i92 < v79; i92++) {
-                const float v93 = opgen_bf16_to_f32(weight[v91 * st_weight_0 + i92]);
-                l89[i90 * d_H + i92] = v93;
+    for (int64_t i78 = v69; i78 < v70; i78++) {
+        const int64_t v79 = i78 * v71;
+        const int64_t v80 = v79 + v71;
+        const int64_t v81 = ((v80 < v72 || v80 != v80) ? v80 : v72);
+        const int64_t v82 = v81 - v79;
+        float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i84 = v69; i84 < v82; i84++) {
+            const int64_t v85 = v79 + i84;
+            for (int64_t i86 = v69; i86 < v73; i86++) {
+                const float v87 = opgen_bf16_to_f32(weight[v85 * st_weight_0 + i86]);
+                l83[i84 * d_H + i86] = v87;
             }
         }
-        float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l94, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i95 = v75; i95 < v80; i95++) {
-            const int64_t v96 = i95 * v77;
-            const int64_t v97 = v96 + v77;
-            const int64_t v98 = ((v97 < v81 || v97 != v97) ? v97 : v81);
-            const int64_t v99 = v98 - v96;
-            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i101 = v75; i101 < v99; i101++) {
-                const int64_t v102 = v96 + i101;
-                for (int64_t i103 = v75; i103 < v79; i103++) {
-                    const float v104 = opgen_bf16_to_f32(input[v102 * st_input_0 + i103]);
-                    l100[i101 * d_H + i103] = v104;
+        float *restrict l88 = l88_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l88, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i89 = v69; i89 < v74; i89++) {
+            const int64_t v90 = i89 * v71;
+            const int64_t v91 = v90 + v71;
+            const int64_t v92 = ((v91 < v75 || v91 != v91) ? v91 : v75);
+            const int64_t v93 = v92 - v90;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v69; i95 < v93; i95++) {
+                const int64_t v96 = v90 + i95;
+                for (int64_t i97 = v69; i97 < v73; i97++) {
+                    const float v98 = opgen_bf16_to_f32(input[v96 * st_input_0 + i97]);
+                    l94[i95 * d_H + i97] = v98;
                 }
             }
-            float *restrict l105 = l105_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v99, v88, v79, l100, d_H, 1, l89, 1, d_H, l105, 256ll, 0);
-            float *restrict l106 = l106_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i107 = v75; i107 < v99; i107++) {
-                const int64_t v108 = v96 + i107;
-                const float v109 = logits_max[v108];
-                const float v110 = sum_exp_logits[v108];
-                const int64_t v111 = masked_target[v108];
-                const int64_t v112 = v111;
-                const bool v113 = (bool)((target_mask[(v108 >> 3)] >> (v108 & 7)) & 1);
-                const bool v114 = !v113;
-                const float v115 = grad[v108];
-                for (int64_t i116 = v75; i116 < v88; i116++) {
-                    const int64_t v117 = v85 + i116;
-                    const float v118 = l105[i107 * 256ll + i116];
-                    const float v119 = v118;
-                    const float v120 = v119 - v109;
-                    const float v121 = expf(v120);
-                    const float v122 = v121 / v110;
-                    const bool v123 = v117 == v112;
-                    const bool v124 = v123 && v114;
-                    const float v125 = v124 ? v82 : v83;
-                    const float v126 = v122 - v125;
-                    const float v127 = v126 * v115;
-                    l106[i107 * 256ll + i116] = v127;
+            float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v93, v82, v73, l94, d_H, 1, l83, 1, d_H, l99, 256ll, 0);
+            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i101 = v69; i101 < v93; i101++) {
+                const int64_t v102 = v90 + i101;
+                const float v103 = logits_max[v102];
+                const float v104 = sum_exp_logits[v102];
+                const int64_t v105 = masked_target[v102];
+                const int64_t v106 = v105;
+                const bool v107 = (bool)((target_mask[(v102 >> 3)] >> (v102 & 7)) & 1);
+                const bool v108 = !v107;
+                const float v109 = grad[v102];
+                for (int64_t i110 = v69; i110 < v82; i110++) {
+                    const int64_t v111 = v79 + i110;
+                    const float v112 = l99[i101 * 256ll + i110];
+                    const float v113 = v112;
+                    const float v114 = v113 - v103;
+                    const float v115 = expf(v114);
+                    const float v116 = v115 / v104;
+                    const bool v117 = v111 == v106;
+                    const bool v118 = v117 && v108;
+                    const float v119 = v118 ? v76 : v77;
+                    const float v120 = v116 - v119;
+                    const float v121 = v120 * v109;
+                    l100[i101 * 256ll + i110] = v121;
                 }
             }
-            float *restrict l128 = l128_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i129 = v75; i129 < v99; i129++) {
-                const int64_t v130 = v96 + i129;
-                for (int64_t i131 = v75; i131 < v79; i131++) {
-                    const float v132 = opgen_bf16_to_f32(input[v130 * st_input_0 + i131]);
-                    const float v133 = v132;
-                    l128[i129 * d_H + i131] = v133;
-                }
-            }
-            opgen_sgemm(v88, v79, v99, l106, 1, 256ll, l128, d_H, 1, l94, d_H, 1);
+            opgen_sgemm(v82, v73, v93, l100, 1, 256ll, l94, d_H, 1, l88, d_H, 1);
         }
-        for (int64_t i134 = v75; i134 < v88; i134++) {
-            const int64_t v135 = v85 + i134;
-            for (int64_t i136 = v75; i136 < v79; i136++) {
-                const float v137 = l94[i134 * d_H + i136];
-                const float v138 = v137;
-                weight_grad[v135 * st_weight_grad_0 + i136] = opgen_f32_to_bf16(v138);
+        for (int64_t i122 = v69; i122 < v82; i122++) {
+            const int64_t v123 = v79 + i122;
+            for (int64_t i124 = v69; i124 < v73; i124++) {
+                const float v125 = l88[i122 * d_H + i124];
+                const float v126 = v125;
+                weight_grad[v123 * st_weight_grad_0 + i124] = opgen_f32_to_bf16(v126);
             }
         }
     }
@@ -6764,10 +6512,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -6814,13 +6560,11 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l52_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l74_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l115_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l116_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l138_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -6899,108 +6643,90 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
                     l52[i53 * 256ll + i62] = v73;
                 }
             }
-            float *restrict l74 = l74_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i75 = v21; i75 < v45; i75++) {
-                const int64_t v76 = v42 + i75;
-                for (int64_t i77 = v21; i77 < v25; i77++) {
-                    const float v78 = opgen_bf16_to_f32(weight[v76 * st_weight_0 + i77 * st_weight_1]);
-                    const float v79 = v78;
-                    l74[i75 * d_H + i77] = v79;
-                }
-            }
-            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l74, d_H, 1, l40, d_H, 1);
+            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l46, d_H, 1, l40, d_H, 1);
         }
-        for (int64_t i80 = v21; i80 < v34; i80++) {
-            const int64_t v81 = v31 + i80;
-            for (int64_t i82 = v21; i82 < v25; i82++) {
-                const float v83 = l40[i80 * d_H + i82];
-                const float v84 = v83;
-                input_grad[v81 * st_input_grad_0 + i82 * st_input_grad_1] = opgen_f32_to_bf16(v84);
+        for (int64_t i74 = v21; i74 < v34; i74++) {
+            const int64_t v75 = v31 + i74;
+            for (int64_t i76 = v21; i76 < v25; i76++) {
+                const float v77 = l40[i74 * d_H + i76];
+                const float v78 = v77;
+                input_grad[v75 * st_input_grad_0 + i76 * st_input_grad_1] = opgen_f32_to_bf16(v78);
             }
         }
     }
-    const int64_t v85 = 0ll;
-    const int64_t v86 = ((d_V + 255) / 256);
-    const int64_t v87 = 256ll;
-    const int64_t v88 = d_V;
-    const int64_t v89 = d_H;
-    const int64_t v90 = ((d_BT + 255) / 256);
-    const int64_t v91 = d_BT;
-    const float v92 = 1.0f;
-    const float v93 = 0.0f;
+    const int64_t v79 = 0ll;
+    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v81 = 256ll;
+    const int64_t v82 = d_V;
+    const int64_t v83 = d_H;
+    const int64_t v84 = ((d_BT + 255) / 256);
+    const int64_t v85 = d_BT;
+    const float v86 = 1.0f;
+    const float v87 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i94 = v85; i94 < v86; i94++) {
-        const int64_t v95 = i94 * v87;
-        const int64_t v96 = v95 + v87;
-        const int64_t v97 = ((v96 < v88 || v96 != v96) ? v96 : v88);
-        const int64_t v98 = v97 - v95;
-        float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i100 = v85; i100 < v98; i100++) {
-            const int64_t v101 = v95 + i100;
-            for (int64_t i102 = v85; i102 < v89; i102++) {
-                const float v103 = opgen_bf16_to_f32(weight[v101 * st_weight_0 + i102 * st_weight_1]);
-                l99[i100 * d_H + i102] = v103;
+    for (int64_t i88 = v79; i88 < v80; i88++) {
+        const int64_t v89 = i88 * v81;
+        const int64_t v90 = v89 + v81;
+        const int64_t v91 = ((v90 < v82 || v90 != v90) ? v90 : v82);
+        const int64_t v92 = v91 - v89;
+        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i94 = v79; i94 < v92; i94++) {
+            const int64_t v95 = v89 + i94;
+            for (int64_t i96 = v79; i96 < v83; i96++) {
+                const float v97 = opgen_bf16_to_f32(weight[v95 * st_weight_0 + i96 * st_weight_1]);
+                l93[i94 * d_H + i96] = v97;
             }
         }
-        float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l104, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i105 = v85; i105 < v90; i105++) {
-            const int64_t v106 = i105 * v87;
-            const int64_t v107 = v106 + v87;
-            const int64_t v108 = ((v107 < v91 || v107 != v107) ? v107 : v91);
-            const int64_t v109 = v108 - v106;
-            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i111 = v85; i111 < v109; i111++) {
-                const int64_t v112 = v106 + i111;
-                for (int64_t i113 = v85; i113 < v89; i113++) {
-                    const float v114 = opgen_bf16_to_f32(input[v112 * st_input_0 + i113 * st_input_1]);
-                    l110[i111 * d_H + i113] = v114;
+        float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l98, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i99 = v79; i99 < v84; i99++) {
+            const int64_t v100 = i99 * v81;
+            const int64_t v101 = v100 + v81;
+            const int64_t v102 = ((v101 < v85 || v101 != v101) ? v101 : v85);
+            const int64_t v103 = v102 - v100;
+            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i105 = v79; i105 < v103; i105++) {
+                const int64_t v106 = v100 + i105;
+                for (int64_t i107 = v79; i107 < v83; i107++) {
+                    const float v108 = opgen_bf16_to_f32(input[v106 * st_input_0 + i107 * st_input_1]);
+                    l104[i105 * d_H + i107] = v108;
                 }
             }
-            float *restrict l115 = l115_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v109, v98, v89, l110, d_H, 1, l99, 1, d_H, l115, 256ll, 0);
-            float *restrict l116 = l116_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i117 = v85; i117 < v109; i117++) {
-                const int64_t v118 = v106 + i117;
-                const float v119 = logits_max[v118 * st_logits_max_0];
-                const float v120 = sum_exp_logits[v118 * st_sum_exp_logits_0];
-                const int32_t v121 = masked_target[v118 * st_masked_target_0];
-                const int64_t v122 = (int64_t)(v121);
-                const bool v123 = target_mask[v118 * st_target_mask_0];
-                const bool v124 = !v123;
-                const float v125 = grad[v118 * st_grad_0];
-                for (int64_t i126 = v85; i126 < v98; i126++) {
-                    const int64_t v127 = v95 + i126;
-                    const float v128 = l115[i117 * 256ll + i126];
-                    const float v129 = v128;
-                    const float v130 = v129 - v119;
-                    const float v131 = expf(v130);
-                    const float v132 = v131 / v120;
-                    const bool v133 = v127 == v122;
-                    const bool v134 = v133 && v124;
-                    const float v135 = v134 ? v92 : v93;
-                    const float v136 = v132 - v135;
-                    const float v137 = v136 * v125;
-                    l116[i117 * 256ll + i126] = v137;
+            float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v103, v92, v83, l104, d_H, 1, l93, 1, d_H, l109, 256ll, 0);
+            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i111 = v79; i111 < v103; i111++) {
+                const int64_t v112 = v100 + i111;
+                const float v113 = logits_max[v112 * st_logits_max_0];
+                const float v114 = sum_exp_logits[v112 * st_sum_exp_logits_0];
+                const int32_t v115 = masked_target[v112 * st_masked_target_0];
+                const int64_t v116 = (int64_t)(v115);
+                const bool v117 = target_mask[v112 * st_target_mask_0];
+                const bool v118 = !v117;
+                const float v119 = grad[v112 * st_grad_0];
+                for (int64_t i120 = v79; i120 < v92; i120++) {
+                    const int64_t v121 = v89 + i120;
+                    const float v122 = l109[i111 * 256ll + i120];
+                    const float v123 = v122;
+                    const float v124 = v123 - v113;
+                    const float v125 = expf(v124);
+                    const float v126 = v125 / v114;
+                    const bool v127 = v121 == v116;
+                    const bool v128 = v127 && v118;
+                    const float v129 = v128 ? v86 : v87;
+                    const float v130 = v126 - v129;
+                    const float v131 = v130 * v119;
+                    l110[i111 * 256ll + i120] = v131;
                 }
             }
-            float *restrict l138 = l138_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i139 = v85; i139 < v109; i139++) {
-                const int64_t v140 = v106 + i139;
-                for (int64_t i141 = v85; i141 < v89; i141++) {
-                    const float v142 = opgen_bf16_to_f32(input[v140 * st_input_0 + i141 * st_input_1]);
-                    const float v143 = v142;
-                    l138[i139 * d_H + i141] = v143;
-                }
-            }
-            opgen_sgemm(v98, v89, v109, l116, 1, 256ll, l138, d_H, 1, l104, d_H, 1);
+            opgen_sgemm(v92, v83, v103, l110, 1, 256ll, l104, d_H, 1, l98, d_H, 1);
         }
-        for (int64_t i144 = v85; i144 < v98; i144++) {
-            const int64_t v145 = v95 + i144;
-            for (int64_t i146 = v85; i146 < v89; i146++) {
-                const float v147 = l104[i144 * d_H + i146];
-                const float v148 = v147;
-                weight_grad[v145 * st_weight_grad_0 + i146 * st_weight_grad_1] = opgen_f32_to_bf16(v148);
+        for (int64_t i132 = v79; i132 < v92; i132++) {
+            const int64_t v133 = v89 + i132;
+            for (int64_t i134 = v79; i134 < v83; i134++) {
+                const float v135 = l98[i132 * d_H + i134];
+                const float v136 = v135;
+                weight_grad[v133 * st_weight_grad_0 + i134 * st_weight_grad_1] = opgen_f32_to_bf16(v136);
             }
         }
     }
@@ -7043,13 +6769,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l64_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l83_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l88_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l105_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l106_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l128_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -7128,108 +6852,90 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l42[i43 * 256ll + i52] = v63;
                 }
             }
-            float *restrict l64 = l64_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i65 = v11; i65 < v35; i65++) {
-                const int64_t v66 = v32 + i65;
-                for (int64_t i67 = v11; i67 < v15; i67++) {
-                    const float v68 = opgen_bf16_to_f32(weight[v66 * st_weight_0 + i67]);
-                    const float v69 = v68;
-                    l64[i65 * d_H + i67] = v69;
-                }
-            }
-            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l64, d_H, 1, l30, d_H, 1);
+            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l36, d_H, 1, l30, d_H, 1);
         }
-        for (int64_t i70 = v11; i70 < v24; i70++) {
-            const int64_t v71 = v21 + i70;
-            for (int64_t i72 = v11; i72 < v15; i72++) {
-                const float v73 = l30[i70 * d_H + i72];
-                const float v74 = v73;
-                input_grad[v71 * st_input_grad_0 + i72] = opgen_f32_to_bf16(v74);
+        for (int64_t i64 = v11; i64 < v24; i64++) {
+            const int64_t v65 = v21 + i64;
+            for (int64_t i66 = v11; i66 < v15; i66++) {
+                const float v67 = l30[i64 * d_H + i66];
+                const float v68 = v67;
+                input_grad[v65 * st_input_grad_0 + i66] = opgen_f32_to_bf16(v68);
             }
         }
     }
-    const int64_t v75 = 0ll;
-    const int64_t v76 = ((d_V + 255) / 256);
-    const int64_t v77 = 256ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_H;
-    const int64_t v80 = ((d_BT + 255) / 256);
-    const int64_t v81 = d_BT;
-    const float v82 = 1.0f;
-    const float v83 = 0.0f;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v71 = 256ll;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_H;
+    const int64_t v74 = ((d_BT + 255) / 256);
+    const int64_t v75 = d_BT;
+    const float v76 = 1.0f;
+    const float v77 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i84 = v75; i84 < v76; i84++) {
-        const int64_t v85 = i84 * v77;
-        const int64_t v86 = v85 + v77;
-        const int64_t v87 = ((v86 < v78 || v86 != v86) ? v86 : v78);
-        const int64_t v88 = v87 - v85;
-        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i90 = v75; i90 < v88; i90++) {
-            const int64_t v91 = v85 + i90;
-            for (int64_t i92 = v75; i92 < v79; i92++) {
-                const float v93 = opgen_bf16_to_f32(weight[v91 * st_weight_0 + i92]);
-                l89[i90 * d_H + i92] = v93;
+    for (int64_t i78 = v69; i78 < v70; i78++) {
+        const int64_t v79 = i78 * v71;
+        const int64_t v80 = v79 + v71;
+        const int64_t v81 = ((v80 < v72 || v80 != v80) ? v80 : v72);
+        const int64_t v82 = v81 - v79;
+        float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i84 = v69; i84 < v82; i84++) {
+            const int64_t v85 = v79 + i84;
+            for (int64_t i86 = v69; i86 < v73; i86++) {
+                const float v87 = opgen_bf16_to_f32(weight[v85 * st_weight_0 + i86]);
+                l83[i84 * d_H + i86] = v87;
             }
         }
-        float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l94, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i95 = v75; i95 < v80; i95++) {
-            const int64_t v96 = i95 * v77;
-            const int64_t v97 = v96 + v77;
-            const int64_t v98 = ((v97 < v81 || v97 != v97) ? v97 : v81);
-            const int64_t v99 = v98 - v96;
-            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i101 = v75; i101 < v99; i101++) {
-                const int64_t v102 = v96 + i101;
-                for (int64_t i103 = v75; i103 < v79; i103++) {
-                    const float v104 = opgen_bf16_to_f32(input[v102 * st_input_0 + i103]);
-                    l100[i101 * d_H + i103] = v104;
+        float *restrict l88 = l88_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l88, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i89 = v69; i89 < v74; i89++) {
+            const int64_t v90 = i89 * v71;
+            const int64_t v91 = v90 + v71;
+            const int64_t v92 = ((v91 < v75 || v91 != v91) ? v91 : v75);
+            const int64_t v93 = v92 - v90;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v69; i95 < v93; i95++) {
+                const int64_t v96 = v90 + i95;
+                for (int64_t i97 = v69; i97 < v73; i97++) {
+                    const float v98 = opgen_bf16_to_f32(input[v96 * st_input_0 + i97]);
+                    l94[i95 * d_H + i97] = v98;
                 }
             }
-            float *restrict l105 = l105_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v99, v88, v79, l100, d_H, 1, l89, 1, d_H, l105, 256ll, 0);
-            float *restrict l106 = l106_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i107 = v75; i107 < v99; i107++) {
-                const int64_t v108 = v96 + i107;
-                const float v109 = logits_max[v108];
-                const float v110 = sum_exp_logits[v108];
-                const int32_t v111 = masked_target[v108];
-                const int64_t v112 = (int64_t)(v111);
-                const bool v113 = target_mask[v108];
-                const bool v114 = !v113;
-                const float v115 = grad[v108];
-                for (int64_t i116 = v75; i116 < v88; i116++) {
-                    const int64_t v117 = v85 + i116;
-                    const float v118 = l105[i107 * 256ll + i116];
-                    const float v119 = v118;
-                    const float v120 = v119 - v109;
-                    const float v121 = expf(v120);
-                    const float v122 = v121 / v110;
-                    const bool v123 = v117 == v112;
-                    const bool v124 = v123 && v114;
-                    const float v125 = v124 ? v82 : v83;
-                    const float v126 = v122 - v125;
-                    const float v127 = v126 * v115;
-                    l106[i107 * 256ll + i116] = v127;
+            float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v93, v82, v73, l94, d_H, 1, l83, 1, d_H, l99, 256ll, 0);
+            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i101 = v69; i101 < v93; i101++) {
+                const int64_t v102 = v90 + i101;
+                const float v103 = logits_max[v102];
+                const float v104 = sum_exp_logits[v102];
+                const int32_t v105 = masked_target[v102];
+                const int64_t v106 = (int64_t)(v105);
+                const bool v107 = target_mask[v102];
+                const bool v108 = !v107;
+                const float v109 = grad[v102];
+                for (int64_t i110 = v69; i110 < v82; i110++) {
+                    const int64_t v111 = v79 + i110;
+                    const float v112 = l99[i101 * 256ll + i110];
+                    const float v113 = v112;
+                    const float v114 = v113 - v103;
+                    const float v115 = expf(v114);
+                    const float v116 = v115 / v104;
+                    const bool v117 = v111 == v106;
+                    const bool v118 = v117 && v108;
+                    const float v119 = v118 ? v76 : v77;
+                    const float v120 = v116 - v119;
+                    const float v121 = v120 * v109;
+                    l100[i101 * 256ll + i110] = v121;
                 }
             }
-            float *restrict l128 = l128_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i129 = v75; i129 < v99; i129++) {
-                const int64_t v130 = v96 + i129;
-                for (int64_t i131 = v75; i131 < v79; i131++) {
-                    const float v132 = opgen_bf16_to_f32(input[v130 * st_input_0 + i131]);
-                    const float v133 = v132;
-                    l128[i129 * d_H + i131] = v133;
-                }
-            }
-            opgen_sgemm(v88, v79, v99, l106, 1, 256ll, l128, d_H, 1, l94, d_H, 1);
+            opgen_sgemm(v82, v73, v93, l100, 1, 256ll, l94, d_H, 1, l88, d_H, 1);
         }
-        for (int64_t i134 = v75; i134 < v88; i134++) {
-            const int64_t v135 = v85 + i134;
-            for (int64_t i136 = v75; i136 < v79; i136++) {
-                const float v137 = l94[i134 * d_H + i136];
-                const float v138 = v137;
-                weight_grad[v135 * st_weight_grad_0 + i136] = opgen_f32_to_bf16(v138);
+        for (int64_t i122 = v69; i122 < v82; i122++) {
+            const int64_t v123 = v79 + i122;
+            for (int64_t i124 = v69; i124 < v73; i124++) {
+                const float v125 = l88[i122 * d_H + i124];
+                const float v126 = v125;
+                weight_grad[v123 * st_weight_grad_0 + i124] = opgen_f32_to_bf16(v126);
             }
         }
     }
@@ -7310,10 +7016,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -7360,13 +7064,11 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l52_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l74_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l115_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l116_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l138_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -7445,108 +7147,90 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
                     l52[i53 * 256ll + i62] = v73;
                 }
             }
-            float *restrict l74 = l74_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i75 = v21; i75 < v45; i75++) {
-                const int64_t v76 = v42 + i75;
-                for (int64_t i77 = v21; i77 < v25; i77++) {
-                    const float v78 = opgen_bf16_to_f32(weight[v76 * st_weight_0 + i77 * st_weight_1]);
-                    const float v79 = v78;
-                    l74[i75 * d_H + i77] = v79;
-                }
-            }
-            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l74, d_H, 1, l40, d_H, 1);
+            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l46, d_H, 1, l40, d_H, 1);
         }
-        for (int64_t i80 = v21; i80 < v34; i80++) {
-            const int64_t v81 = v31 + i80;
-            for (int64_t i82 = v21; i82 < v25; i82++) {
-                const float v83 = l40[i80 * d_H + i82];
-                const float v84 = v83;
-                input_grad[v81 * st_input_grad_0 + i82 * st_input_grad_1] = opgen_f32_to_bf16(v84);
+        for (int64_t i74 = v21; i74 < v34; i74++) {
+            const int64_t v75 = v31 + i74;
+            for (int64_t i76 = v21; i76 < v25; i76++) {
+                const float v77 = l40[i74 * d_H + i76];
+                const float v78 = v77;
+                input_grad[v75 * st_input_grad_0 + i76 * st_input_grad_1] = opgen_f32_to_bf16(v78);
             }
         }
     }
-    const int64_t v85 = 0ll;
-    const int64_t v86 = ((d_V + 255) / 256);
-    const int64_t v87 = 256ll;
-    const int64_t v88 = d_V;
-    const int64_t v89 = d_H;
-    const int64_t v90 = ((d_BT + 255) / 256);
-    const int64_t v91 = d_BT;
-    const float v92 = 1.0f;
-    const float v93 = 0.0f;
+    const int64_t v79 = 0ll;
+    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v81 = 256ll;
+    const int64_t v82 = d_V;
+    const int64_t v83 = d_H;
+    const int64_t v84 = ((d_BT + 255) / 256);
+    const int64_t v85 = d_BT;
+    const float v86 = 1.0f;
+    const float v87 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i94 = v85; i94 < v86; i94++) {
-        const int64_t v95 = i94 * v87;
-        const int64_t v96 = v95 + v87;
-        const int64_t v97 = ((v96 < v88 || v96 != v96) ? v96 : v88);
-        const int64_t v98 = v97 - v95;
-        float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i100 = v85; i100 < v98; i100++) {
-            const int64_t v101 = v95 + i100;
-            for (int64_t i102 = v85; i102 < v89; i102++) {
-                const float v103 = opgen_bf16_to_f32(weight[v101 * st_weight_0 + i102 * st_weight_1]);
-                l99[i100 * d_H + i102] = v103;
+    for (int64_t i88 = v79; i88 < v80; i88++) {
+        const int64_t v89 = i88 * v81;
+        const int64_t v90 = v89 + v81;
+        const int64_t v91 = ((v90 < v82 || v90 != v90) ? v90 : v82);
+        const int64_t v92 = v91 - v89;
+        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i94 = v79; i94 < v92; i94++) {
+            const int64_t v95 = v89 + i94;
+            for (int64_t i96 = v79; i96 < v83; i96++) {
+                const float v97 = opgen_bf16_to_f32(weight[v95 * st_weight_0 + i96 * st_weight_1]);
+                l93[i94 * d_H + i96] = v97;
             }
         }
-        float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l104, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i105 = v85; i105 < v90; i105++) {
-            const int64_t v106 = i105 * v87;
-            const int64_t v107 = v106 + v87;
-            const int64_t v108 = ((v107 < v91 || v107 != v107) ? v107 : v91);
-            const int64_t v109 = v108 - v106;
-            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i111 = v85; i111 < v109; i111++) {
-                const int64_t v112 = v106 + i111;
-                for (int64_t i113 = v85; i113 < v89; i113++) {
-                    const float v114 = opgen_bf16_to_f32(input[v112 * st_input_0 + i113 * st_input_1]);
-                    l110[i111 * d_H + i113] = v114;
+        float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l98, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i99 = v79; i99 < v84; i99++) {
+            const int64_t v100 = i99 * v81;
+            const int64_t v101 = v100 + v81;
+            const int64_t v102 = ((v101 < v85 || v101 != v101) ? v101 : v85);
+            const int64_t v103 = v102 - v100;
+            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i105 = v79; i105 < v103; i105++) {
+                const int64_t v106 = v100 + i105;
+                for (int64_t i107 = v79; i107 < v83; i107++) {
+                    const float v108 = opgen_bf16_to_f32(input[v106 * st_input_0 + i107 * st_input_1]);
+                    l104[i105 * d_H + i107] = v108;
                 }
             }
-            float *restrict l115 = l115_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v109, v98, v89, l110, d_H, 1, l99, 1, d_H, l115, 256ll, 0);
-            float *restrict l116 = l116_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i117 = v85; i117 < v109; i117++) {
-                const int64_t v118 = v106 + i117;
-                const float v119 = logits_max[v118 * st_logits_max_0];
-                const float v120 = sum_exp_logits[v118 * st_sum_exp_logits_0];
-                const int64_t v121 = masked_target[v118 * st_masked_target_0];
-                const int64_t v122 = v121;
-                const bool v123 = target_mask[v118 * st_target_mask_0];
-                const bool v124 = !v123;
-                const float v125 = grad[v118 * st_grad_0];
-                for (int64_t i126 = v85; i126 < v98; i126++) {
-                    const int64_t v127 = v95 + i126;
-                    const float v128 = l115[i117 * 256ll + i126];
-                    const float v129 = v128;
-                    const float v130 = v129 - v119;
-                    const float v131 = expf(v130);
-                    const float v132 = v131 / v120;
-                    const bool v133 = v127 == v122;
-                    const bool v134 = v133 && v124;
-                    const float v135 = v134 ? v92 : v93;
-                    const float v136 = v132 - v135;
-                    const float v137 = v136 * v125;
-                    l116[i117 * 256ll + i126] = v137;
+            float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v103, v92, v83, l104, d_H, 1, l93, 1, d_H, l109, 256ll, 0);
+            float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i111 = v79; i111 < v103; i111++) {
+                const int64_t v112 = v100 + i111;
+                const float v113 = logits_max[v112 * st_logits_max_0];
+                const float v114 = sum_exp_logits[v112 * st_sum_exp_logits_0];
+                const int64_t v115 = masked_target[v112 * st_masked_target_0];
+                const int64_t v116 = v115;
+                const bool v117 = target_mask[v112 * st_target_mask_0];
+                const bool v118 = !v117;
+                const float v119 = grad[v112 * st_grad_0];
+                for (int64_t i120 = v79; i120 < v92; i120++) {
+                    const int64_t v121 = v89 + i120;
+                    const float v122 = l109[i111 * 256ll + i120];
+                    const float v123 = v122;
+                    const float v124 = v123 - v113;
+                    const float v125 = expf(v124);
+                    const float v126 = v125 / v114;
+                    const bool v127 = v121 == v116;
+                    const bool v128 = v127 && v118;
+                    const float v129 = v128 ? v86 : v87;
+                    const float v130 = v126 - v129;
+                    const float v131 = v130 * v119;
+                    l110[i111 * 256ll + i120] = v131;
                 }
             }
-            float *restrict l138 = l138_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i139 = v85; i139 < v109; i139++) {
-                const int64_t v140 = v106 + i139;
-                for (int64_t i141 = v85; i141 < v89; i141++) {
-                    const float v142 = opgen_bf16_to_f32(input[v140 * st_input_0 + i141 * st_input_1]);
-                    const float v143 = v142;
-                    l138[i139 * d_H + i141] = v143;
-                }
-            }
-            opgen_sgemm(v98, v89, v109, l116, 1, 256ll, l138, d_H, 1, l104, d_H, 1);
+            opgen_sgemm(v92, v83, v103, l110, 1, 256ll, l104, d_H, 1, l98, d_H, 1);
         }
-        for (int64_t i144 = v85; i144 < v98; i144++) {
-            const int64_t v145 = v95 + i144;
-            for (int64_t i146 = v85; i146 < v89; i146++) {
-                const float v147 = l104[i144 * d_H + i146];
-                const float v148 = v147;
-                weight_grad[v145 * st_weight_grad_0 + i146 * st_weight_grad_1] = opgen_f32_to_bf16(v148);
+        for (int64_t i132 = v79; i132 < v92; i132++) {
+            const int64_t v133 = v89 + i132;
+            for (int64_t i134 = v79; i134 < v83; i134++) {
+                const float v135 = l98[i132 * d_H + i134];
+                const float v136 = v135;
+                weight_grad[v133 * st_weight_grad_0 + i134 * st_weight_grad_1] = opgen_f32_to_bf16(v136);
             }
         }
     }
@@ -7589,13 +7273,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l64_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l83_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l88_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l105_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l106_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l128_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l99_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l100_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -7674,108 +7356,90 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l42[i43 * 256ll + i52] = v63;
                 }
             }
-            float *restrict l64 = l64_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i65 = v11; i65 < v35; i65++) {
-                const int64_t v66 = v32 + i65;
-                for (int64_t i67 = v11; i67 < v15; i67++) {
-                    const float v68 = opgen_bf16_to_f32(weight[v66 * st_weight_0 + i67]);
-                    const float v69 = v68;
-                    l64[i65 * d_H + i67] = v69;
-                }
-            }
-            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l64, d_H, 1, l30, d_H, 1);
+            opgen_sgemm(v24, v15, v35, l42, 256ll, 1, l36, d_H, 1, l30, d_H, 1);
         }
-        for (int64_t i70 = v11; i70 < v24; i70++) {
-            const int64_t v71 = v21 + i70;
-            for (int64_t i72 = v11; i72 < v15; i72++) {
-                const float v73 = l30[i70 * d_H + i72];
-                const float v74 = v73;
-                input_grad[v71 * st_input_grad_0 + i72] = opgen_f32_to_bf16(v74);
+        for (int64_t i64 = v11; i64 < v24; i64++) {
+            const int64_t v65 = v21 + i64;
+            for (int64_t i66 = v11; i66 < v15; i66++) {
+                const float v67 = l30[i64 * d_H + i66];
+                const float v68 = v67;
+                input_grad[v65 * st_input_grad_0 + i66] = opgen_f32_to_bf16(v68);
             }
         }
     }
-    const int64_t v75 = 0ll;
-    const int64_t v76 = ((d_V + 255) / 256);
-    const int64_t v77 = 256ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_H;
-    const int64_t v80 = ((d_BT + 255) / 256);
-    const int64_t v81 = d_BT;
-    const float v82 = 1.0f;
-    const float v83 = 0.0f;
+    const int64_t v69 = 0ll;
+    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v71 = 256ll;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_H;
+    const int64_t v74 = ((d_BT + 255) / 256);
+    const int64_t v75 = d_BT;
+    const float v76 = 1.0f;
+    const float v77 = 0.0f;
     #pragma omp parallel for schedule(static)
-    for (int64_t i84 = v75; i84 < v76; i84++) {
-        const int64_t v85 = i84 * v77;
-        const int64_t v86 = v85 + v77;
-        const int64_t v87 = ((v86 < v78 || v86 != v86) ? v86 : v78);
-        const int64_t v88 = v87 - v85;
-        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i90 = v75; i90 < v88; i90++) {
-            const int64_t v91 = v85 + i90;
-            for (int64_t i92 = v75; i92 < v79; i92++) {
-                const float v93 = opgen_bf16_to_f32(weight[v91 * st_weight_0 + i92]);
-                l89[i90 * d_H + i92] = v93;
+    for (int64_t i78 = v69; i78 < v70; i78++) {
+        const int64_t v79 = i78 * v71;
+        const int64_t v80 = v79 + v71;
+        const int64_t v81 = ((v80 < v72 || v80 != v80) ? v80 : v72);
+        const int64_t v82 = v81 - v79;
+        float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i84 = v69; i84 < v82; i84++) {
+            const int64_t v85 = v79 + i84;
+            for (int64_t i86 = v69; i86 < v73; i86++) {
+                const float v87 = opgen_bf16_to_f32(weight[v85 * st_weight_0 + i86]);
+                l83[i84 * d_H + i86] = v87;
             }
         }
-        float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l94, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i95 = v75; i95 < v80; i95++) {
-            const int64_t v96 = i95 * v77;
-            const int64_t v97 = v96 + v77;
-            const int64_t v98 = ((v97 < v81 || v97 != v97) ? v97 : v81);
-            const int64_t v99 = v98 - v96;
-            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i101 = v75; i101 < v99; i101++) {
-                const int64_t v102 = v96 + i101;
-                for (int64_t i103 = v75; i103 < v79; i103++) {
-                    const float v104 = opgen_bf16_to_f32(input[v102 * st_input_0 + i103]);
-                    l100[i101 * d_H + i103] = v104;
+        float *restrict l88 = l88_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l88, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i89 = v69; i89 < v74; i89++) {
+            const int64_t v90 = i89 * v71;
+            const int64_t v91 = v90 + v71;
+            const int64_t v92 = ((v91 < v75 || v91 != v91) ? v91 : v75);
+            const int64_t v93 = v92 - v90;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v69; i95 < v93; i95++) {
+                const int64_t v96 = v90 + i95;
+                for (int64_t i97 = v69; i97 < v73; i97++) {
+                    const float v98 = opgen_bf16_to_f32(input[v96 * st_input_0 + i97]);
+                    l94[i95 * d_H + i97] = v98;
                 }
             }
-            float *restrict l105 = l105_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v99, v88, v79, l100, d_H, 1, l89, 1, d_H, l105, 256ll, 0);
-            float *restrict l106 = l106_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i107 = v75; i107 < v99; i107++) {
-                const int64_t v108 = v96 + i107;
-                const float v109 = logits_max[v108];
-                const float v110 = sum_exp_logits[v108];
-                const int64_t v111 = masked_target[v108];
-                const int64_t v112 = v111;
-                const bool v113 = target_mask[v108];
-                const bool v114 = !v113;
-                const float v115 = grad[v108];
-                for (int64_t i116 = v75; i116 < v88; i116++) {
-                    const int64_t v117 = v85 + i116;
-                    const float v118 = l105[i107 * 256ll + i116];
-                    const float v119 = v118;
-                    const float v120 = v119 - v109;
-                    const float v121 = expf(v120);
-                    const float v122 = v121 / v110;
-                    const bool v123 = v117 == v112;
-                    const bool v124 = v123 && v114;
-                    const float v125 = v124 ? v82 : v83;
-                    const float v126 = v122 - v125;
-                    const float v127 = v126 * v115;
-                    l106[i107 * 256ll + i116] = v127;
+            float *restrict l99 = l99_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v93, v82, v73, l94, d_H, 1, l83, 1, d_H, l99, 256ll, 0);
+            float *restrict l100 = l100_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i101 = v69; i101 < v93; i101++) {
+                const int64_t v102 = v90 + i101;
+                const float v103 = logits_max[v102];
+                const float v104 = sum_exp_logits[v102];
+                const int64_t v105 = masked_target[v102];
+                const int64_t v106 = v105;
+                const bool v107 = target_mask[v102];
+                const bool v108 = !v107;
+                const float v109 = grad[v102];
+                for (int64_t i110 = v69; i110 < v82; i110++) {
+                    const int64_t v111 = v79 + i110;
+                    const float v112 = l99[i101 * 256ll + i110];
+                    const float v113 = v112;
+                    const float v114 = v113 - v103;
+                    const float v115 = expf(v114);
+                    const float v116 = v115 / v104;
+                    const bool v117 = v111 == v106;
+                    const bool v118 = v117 && v108;
+                    const float v119 = v118 ? v76 : v77;
+                    const float v120 = v116 - v119;
+                    const float v121 = v120 * v109;
+                    l100[i101 * 256ll + i110] = v121;
                 }
             }
-            float *restrict l128 = l128_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i129 = v75; i129 < v99; i129++) {
-                const int64_t v130 = v96 + i129;
-                for (int64_t i131 = v75; i131 < v79; i131++) {
-                    const float v132 = opgen_bf16_to_f32(input[v130 * st_input_0 + i131]);
-                    const float v133 = v132;
-                    l128[i129 * d_H + i131] = v133;
-                }
-            }
-            opgen_sgemm(v88, v79, v99, l106, 1, 256ll, l128, d_H, 1, l94, d_H, 1);
+            opgen_sgemm(v82, v73, v93, l100, 1, 256ll, l94, d_H, 1, l88, d_H, 1);
         }
-        for (int64_t i134 = v75; i134 < v88; i134++) {
-            const int64_t v135 = v85 + i134;
-            for (int64_t i136 = v75; i136 < v79; i136++) {
-                const float v137 = l94[i134 * d_H + i136];
-                const float v138 = v137;
-                weight_grad[v135 * st_weight_grad_0 + i136] = opgen_f32_to_bf16(v138);
+        for (int64_t i122 = v69; i122 < v82; i122++) {
+            const int64_t v123 = v79 + i122;
+            for (int64_t i124 = v69; i124 < v73; i124++) {
+                const float v125 = l88[i122 * d_H + i124];
+                const float v126 = v125;
+                weight_grad[v123 * st_weight_grad_0 + i124] = opgen_f32_to_bf16(v126);
             }
         }
     }

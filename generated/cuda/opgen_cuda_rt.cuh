@@ -5,6 +5,7 @@
 #include "opgen_cuda.h"
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -195,17 +196,29 @@ static __device__ T opgen_block_reduce(T v) {
     return a[0];
 }
 
+/* dst[r * ld + c] = src[r * rs + c * cs] for r < rl, c < cl, else 0 (rows x cols), by the whole
+ * block; consecutive threads walk the source's unit-stride dimension (coalesced reads). */
+template <typename T, int ROWS, int COLS>
+static __device__ __forceinline__ void opgen_gemm_stage(T *dst, int ld, const T *src, int64_t rs, int64_t cs,
+                                                        int64_t rl, int64_t cl) {
+    for (int e = (int)threadIdx.x; e < ROWS * COLS; e += OPGEN_CUDA_THREADS) {
+        const int r = rs == 1 ? e % ROWS : e / COLS, c = rs == 1 ? e / ROWS : e % COLS;
+        dst[r * ld + c] = (r < rl && c < cl) ? src[r * rs + c * cs] : (T)0;
+    }
+}
+
 /* C[m x n] (= or +=) op(A) @ op(B) by the whole block: element (i, k) of op(A) is
  * A[i * ars + k * acs], (k, j) of op(B) is B[k * brs + j * bcs]; C row-major with leading
  * dimension ldc. 64 x 64 tiles of C, 4 x 4 per thread; each element sums k in increasing order
- * (deterministic). All threads must call it; it ends with a barrier. */
+ * (deterministic). All threads must call it; it ends with a barrier. The f32 case uses the tensor
+ * cores instead (opgen_block_gemm_tc); this one serves the other types. */
 #define OPGEN_GEMM_BM 64
 #define OPGEN_GEMM_BN 64
 #define OPGEN_GEMM_BK 16
 template <typename T>
 static __device__ __noinline__ void opgen_block_gemm(int64_t m, int64_t n, int64_t k, const T *A, int64_t ars, int64_t acs,
                                         const T *B, int64_t brs, int64_t bcs, T *C, int64_t ldc, int accumulate) {
-    __shared__ T As[OPGEN_GEMM_BK][OPGEN_GEMM_BM + 1];
+    __shared__ T As[OPGEN_GEMM_BM][OPGEN_GEMM_BK + 1];
     __shared__ T Bs[OPGEN_GEMM_BK][OPGEN_GEMM_BN + 1];
     const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
     for (int64_t i0 = 0; i0 < m; i0 += OPGEN_GEMM_BM) {
@@ -215,19 +228,15 @@ static __device__ __noinline__ void opgen_block_gemm(int64_t m, int64_t n, int64
                 for (int b = 0; b < 4; b++) acc[a][b] = (T)0;
             for (int64_t k0 = 0; k0 < k; k0 += OPGEN_GEMM_BK) {
                 __syncthreads();
-                for (int e = tid; e < OPGEN_GEMM_BM * OPGEN_GEMM_BK; e += OPGEN_CUDA_THREADS) {
-                    const int r = e / OPGEN_GEMM_BK, q = e % OPGEN_GEMM_BK;
-                    As[q][r] = (i0 + r < m && k0 + q < k) ? A[(i0 + r) * ars + (k0 + q) * acs] : (T)0;
-                }
-                for (int e = tid; e < OPGEN_GEMM_BK * OPGEN_GEMM_BN; e += OPGEN_CUDA_THREADS) {
-                    const int q = e / OPGEN_GEMM_BN, c = e % OPGEN_GEMM_BN;
-                    Bs[q][c] = (k0 + q < k && j0 + c < n) ? B[(k0 + q) * brs + (j0 + c) * bcs] : (T)0;
-                }
+                opgen_gemm_stage<T, OPGEN_GEMM_BM, OPGEN_GEMM_BK>(&As[0][0], OPGEN_GEMM_BK + 1, A + i0 * ars + k0 * acs,
+                                                                  ars, acs, m - i0, k - k0);
+                opgen_gemm_stage<T, OPGEN_GEMM_BK, OPGEN_GEMM_BN>(&Bs[0][0], OPGEN_GEMM_BN + 1, B + k0 * brs + j0 * bcs,
+                                                                  brs, bcs, k - k0, n - j0);
                 __syncthreads();
                 const int kc = (int)(k - k0 < OPGEN_GEMM_BK ? k - k0 : OPGEN_GEMM_BK);
                 for (int q = 0; q < kc; q++)
                     for (int a = 0; a < 4; a++)
-                        for (int b = 0; b < 4; b++) acc[a][b] += As[q][ty * 4 + a] * Bs[q][tx * 4 + b];
+                        for (int b = 0; b < 4; b++) acc[a][b] += As[ty * 4 + a][q] * Bs[q][tx * 4 + b];
             }
             for (int a = 0; a < 4; a++) {
                 const int64_t i = i0 + ty * 4 + a;
@@ -235,6 +244,93 @@ static __device__ __noinline__ void opgen_block_gemm(int64_t m, int64_t n, int64
                     const int64_t j = j0 + tx * 4 + b;
                     if (i < m && j < n) C[i * ldc + j] = accumulate ? C[i * ldc + j] + acc[a][b] : acc[a][b];
                 }
+            }
+        }
+    }
+    __syncthreads();
+}
+
+/* x -> (hi, lo), both TF32, x = hi + lo to about 2^-22 relative ("error-compensated TF32", the
+ * idea of CUTLASS's 3xTF32). A non-finite difference (x infinite, or hi rounded to infinity)
+ * leaves lo = 0, so hi carries x's infinity alone. */
+template <typename Frag>
+static __device__ __forceinline__ void opgen_tf32_split(Frag &hi, Frag &lo) {
+    for (int t = 0; t < hi.num_elements; t++) {
+        const float x = hi.x[t], h = nvcuda::wmma::__float_to_tf32(x), d = x - h;
+        hi.x[t] = h;
+        lo.x[t] = d - d == 0.0f ? nvcuda::wmma::__float_to_tf32(d) : 0.0f;
+    }
+}
+template <typename Frag>
+static __device__ __forceinline__ void opgen_tf32_round(Frag &f) {
+    for (int t = 0; t < f.num_elements; t++) f.x[t] = nvcuda::wmma::__float_to_tf32(f.x[t]);
+}
+
+/* opgen_block_gemm for f32 on the tensor cores: TF32 WMMA (16 x 16 x 8) with f32 accumulation.
+ * An operand whose values may not be exact in TF32 (SA / SB: the printer proves exactness for
+ * tiles loaded from bf16/f16 data) is split into hi + lo and multiplied twice (lo terms first),
+ * so results keep f32-level accuracy; exact operands are multiplied once. 64 x 64 tiles of C,
+ * each of the 8 warps owns a 16 x 32 part; k runs in increasing steps of 16 staged through shared
+ * memory. Fixed tiles and order: the same bits on every run. Same contract as opgen_block_gemm. */
+#define OPGEN_TC_LDA (OPGEN_GEMM_BK + 4)
+#define OPGEN_TC_LDB (OPGEN_GEMM_BN + 4)
+/* The A and B tiles; after the k loop, each warp's 16 x 16 staging area for the epilogue. One
+ * array for every instantiation (a kernel using several pays for it once). */
+static __device__ __forceinline__ float *opgen_gemm_tc_smem(void) {
+    __shared__ __align__(32) float sm[OPGEN_GEMM_BM * OPGEN_TC_LDA + OPGEN_GEMM_BK * OPGEN_TC_LDB];
+    return sm;
+}
+template <bool SA, bool SB>
+static __device__ __noinline__ void opgen_block_gemm_tc(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars,
+                                                        int64_t acs, const float *B, int64_t brs, int64_t bcs, float *C,
+                                                        int64_t ldc, int accumulate) {
+    using namespace nvcuda;
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> frag_a;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> frag_b;
+    float *const sm = opgen_gemm_tc_smem(), *const As = sm, *const Bs = sm + OPGEN_GEMM_BM * OPGEN_TC_LDA;
+    const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
+    const int wr = (warp % 4) * 16, wc = (warp / 4) * 32;
+    for (int64_t i0 = 0; i0 < m; i0 += OPGEN_GEMM_BM) {
+        for (int64_t j0 = 0; j0 < n; j0 += OPGEN_GEMM_BN) {
+            wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[2];
+            wmma::fill_fragment(acc[0], 0.0f);
+            wmma::fill_fragment(acc[1], 0.0f);
+            for (int64_t k0 = 0; k0 < k; k0 += OPGEN_GEMM_BK) {
+                __syncthreads();
+                opgen_gemm_stage<float, OPGEN_GEMM_BM, OPGEN_GEMM_BK>(As, OPGEN_TC_LDA, A + i0 * ars + k0 * acs, ars,
+                                                                      acs, m - i0, k - k0);
+                opgen_gemm_stage<float, OPGEN_GEMM_BK, OPGEN_GEMM_BN>(Bs, OPGEN_TC_LDB, B + k0 * brs + j0 * bcs, brs,
+                                                                      bcs, k - k0, n - j0);
+                __syncthreads();
+#pragma unroll
+                for (int kk = 0; kk < OPGEN_GEMM_BK; kk += 8) {
+                    frag_a a_hi, a_lo;
+                    wmma::load_matrix_sync(a_hi, As + wr * OPGEN_TC_LDA + kk, OPGEN_TC_LDA);
+                    if (SA) opgen_tf32_split(a_hi, a_lo);
+                    else opgen_tf32_round(a_hi);
+#pragma unroll
+                    for (int f = 0; f < 2; f++) {
+                        frag_b b_hi, b_lo;
+                        wmma::load_matrix_sync(b_hi, Bs + kk * OPGEN_TC_LDB + wc + f * 16, OPGEN_TC_LDB);
+                        if (SB) opgen_tf32_split(b_hi, b_lo);
+                        else opgen_tf32_round(b_hi);
+                        if (SA) wmma::mma_sync(acc[f], a_lo, b_hi, acc[f]);
+                        if (SB) wmma::mma_sync(acc[f], a_hi, b_lo, acc[f]);
+                        wmma::mma_sync(acc[f], a_hi, b_hi, acc[f]);
+                    }
+                }
+            }
+            __syncthreads(); /* every warp is done with the tiles: reuse sm for staging */
+            float *const st = sm + warp * 256;
+#pragma unroll
+            for (int f = 0; f < 2; f++) {
+                wmma::store_matrix_sync(st, acc[f], 16, wmma::mem_row_major);
+                __syncwarp();
+                for (int e = lane; e < 256; e += 32) {
+                    const int64_t i = i0 + wr + e / 16, j = j0 + wc + f * 16 + e % 16;
+                    if (i < m && j < n) C[i * ldc + j] = accumulate ? C[i * ldc + j] + st[e] : st[e];
+                }
+                __syncwarp();
             }
         }
     }

@@ -759,13 +759,35 @@ class CudaPrinter(CPrinter):
 
             ars, acs = strides(bufs[0], ta)
             brs, bcs = strides(bufs[1], tb)
+            ct = cts.pop()
+            # f32: tensor cores (TF32), operands not provably exact in TF32 split in two
+            fn = (f"opgen_block_gemm_tc<{str(not self.tf32_exact(op.a)).lower()}, "
+                  f"{str(not self.tf32_exact(op.b)).lower()}>") if ct == "float" else f"opgen_block_gemm<{ct}>"
             self.sync()
-            self.line(f"opgen_block_gemm<{cts.pop()}>({m}, {n}, {k}, {self.name(op.a)}, {ars}, {acs}, "
+            self.line(f"{fn}({m}, {n}, {k}, {self.name(op.a)}, {ars}, {acs}, "
                       f"{self.name(op.b)}, {brs}, {bcs}, {self.name(op.c)}, {self.dim(bufs[2].shape[1])}, "
                       f"{op.accumulate.data});")
             self.line("__syncthreads();")
             return
         self.matmul_elements(op, "block" if self.ctx == "uniform" else "seq")
+
+    def tf32_exact(self, buf: SSAValue) -> bool:
+        """Every value ever in scratch ``buf`` is exact in TF32: it is only zero-filled and
+        stored with elements loaded from bf16/f16 memory (through value-preserving casts)."""
+        def narrow(v: SSAValue) -> bool:
+            while isinstance(v.owner, ir.CastOp) and self.dtype(ir.tensor_type(v).dtype).compute == dtypes.F32:
+                v = v.owner.x
+            if not isinstance(v.owner, s.LoadOp):
+                return False
+            t = s.buf_type(v.owner.buf)
+            return t.role.data in ("in", "out") and self.dtype(t.dtype) in (dtypes.BF16, dtypes.F16)
+
+        for o in self.k.walk():
+            if isinstance(o, s.StoreOp) and o.buf is buf and not narrow(o.value):
+                return False
+            if isinstance(o, s.AccumOp | s.MatmulOp | s.SegmentsOp) and buf in s.effects(o)[1]:
+                return False
+        return True
 
     def matmul_elements(self, op: s.MatmulOp, mode: str) -> None:
         """One output element per iteration, k summed in order: ``seq`` (this thread does all),

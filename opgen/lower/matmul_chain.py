@@ -20,6 +20,7 @@ from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 from opgen.lower.to_loops import MATERIALISED, NotFusable, _Builder, _Lowering
 
+#: default tile of the (M, N) space; a pipeline may ask for fewer rows per block (more blocks)
 ROW_BLOCK = 256
 COL_BLOCK = 256
 
@@ -39,7 +40,13 @@ def _strip_cast(v: SSAValue) -> SSAValue:
 
 
 class MatmulChainLowering(_Lowering):
-    """``lower-to-loops`` for functions shaped as a matmul chain (else NotFusable)."""
+    """``lower-to-loops`` for functions shaped as a matmul chain (else NotFusable); tiles of
+    ``row_block`` x ``col_block`` elements of G."""
+
+    def __init__(self, func: ir.FuncOp, aliases: set[str], row_block: int = ROW_BLOCK,
+                 col_block: int = COL_BLOCK):
+        super().__init__(func, aliases)
+        self.row_block, self.col_block = row_block, col_block
 
     def plan(self) -> Chain:
         names = [n.data for n in self.ret.names.data]
@@ -98,13 +105,14 @@ class MatmulChainLowering(_Lowering):
 
     def tile(self, b: _Builder, ch: Chain, i0: SSAValue, rows: SSAValue, j0: SSAValue,
              cols: SSAValue, a_blk: SSAValue | None, b_blk: SSAValue | None) -> SSAValue:
-        """The G tile (ROW_BLOCK x COL_BLOCK, f32) for rows i0.. and columns j0.."""
+        """The G tile (row_block x col_block, f32) for rows i0.. and columns j0.."""
         gdt = ir.tensor_type(ch.g).dtype
-        t = self.local(b, [str(ROW_BLOCK), str(COL_BLOCK)], ir.tensor_type(ch.p.result).dtype if ch.p else gdt)
+        shape = [str(self.row_block), str(self.col_block)]
+        t = self.local(b, shape, ir.tensor_type(ch.p.result).dtype if ch.p else gdt)
         if ch.p is not None:
             k = b.dim(ir.tensor_type(ch.p.lhs).shape[1])
             b.stmt(s.MatmulOp(a_blk, b_blk, t, rows, cols, k, False, True))  # type: ignore[arg-type]
-        g_t = self.local(b, [str(ROW_BLOCK), str(COL_BLOCK)], gdt)
+        g_t = self.local(b, shape, gdt)
 
         def g_at(r: SSAValue, c: SSAValue) -> SSAValue:
             gi = b.scalar(ir.AddOp(i0, r))
@@ -130,6 +138,33 @@ class MatmulChainLowering(_Lowering):
         self.fill(b, buf, rows, kdim, at)
         return buf
 
+    def _f32_held(self, dtype: str) -> bool:
+        """Values of ``dtype`` (every member of a dtype variable) are held as f32."""
+        dvars = self.func.dtype_vars.data
+        members = [m.data for m in dvars[dtype].data] if dtype in dvars else [dtype]  # type: ignore[attr-defined]
+        return all(m in ("f16", "bf16", "f32") for m in members)
+
+    def _rows_source(self, v: SSAValue, transposed: bool) -> SSAValue | None:
+        """The value whose rows ``load_rows(v, transposed)`` copies, seen through float casts
+        that do not change held values (``opgen.cast`` between f16/bf16/f32 is logical)."""
+        def strip(x: SSAValue) -> SSAValue:
+            while isinstance(x.owner, ir.CastOp) and self._f32_held(ir.tensor_type(x).dtype) \
+                    and self._f32_held(ir.tensor_type(x.owner.x).dtype):
+                x = x.owner.x
+            return x
+
+        v = strip(v)
+        if transposed:
+            if not isinstance(v.owner, ir.TransposeOp):
+                return None
+            v = strip(v.owner.x)
+        return v
+
+    def same_rows(self, v: SSAValue, vt: bool, w: SSAValue, wt: bool) -> bool:
+        """``load_rows`` of (v, vt) and of (w, wt) hold the same values."""
+        src = self._rows_source(v, vt)
+        return src is not None and src is self._rows_source(w, wt)
+
     def store_rows(self, b: _Builder, name: str, out_v: SSAValue, mm: ir.MatmulOp, acc: SSAValue,
                    base: SSAValue, rows: SSAValue) -> None:
         dst = self.kblock.args[[a.data for a in self.func.arg_names.data].index(name)]
@@ -152,8 +187,8 @@ class MatmulChainLowering(_Lowering):
         summing over blocks of the other dim in order."""
         m_dim, n_dim = ir.tensor_type(ch.g).shape
         a_v, b_v = (ch.p.lhs, ch.p.rhs) if ch.p is not None else (None, None)  # b_v: (K, N)
-        own = (m_dim, ROW_BLOCK, a_v, False) if by_rows else (n_dim, COL_BLOCK, b_v, True)
-        other = (n_dim, COL_BLOCK, b_v, True) if by_rows else (m_dim, ROW_BLOCK, a_v, False)
+        own = (m_dim, self.row_block, a_v, False) if by_rows else (n_dim, self.col_block, b_v, True)
+        other = (n_dim, self.col_block, b_v, True) if by_rows else (m_dim, self.row_block, a_v, False)
         b = _Builder(self.kblock)
         (ob,) = b.loops([f"cdiv({own[0]},{own[1]})"], "parallel", "ob")
         o0, on = self.block_range(b, ob, own[1], own[0])
@@ -168,7 +203,10 @@ class MatmulChainLowering(_Lowering):
         else:
             g_t = self.tile(b, ch, x0, xn, o0, on, other_blk, own_blk)
         for (_, _, mm), acc in zip(outs, accs, strict=True):
-            blk = self.load_rows(b, mm.rhs, x0, xn, other[1], False)
+            if other_blk is not None and self.same_rows(mm.rhs, False, other[2], other[3]):
+                blk = other_blk  # e.g. the W rows of X W^T are those of G W: loaded once
+            else:
+                blk = self.load_rows(b, mm.rhs, x0, xn, other[1], False)
             h = b.dim(ir.tensor_type(mm.result).shape[1])
             # own rows of the product: G @ blk (by rows) or G^T @ blk (by columns)
             b.stmt(s.MatmulOp(g_t, blk, acc, on, h, xn, not by_rows, False, True))

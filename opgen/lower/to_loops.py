@@ -396,18 +396,23 @@ class _Lowering:
         b.stmt(s.FailOp(ok, "shape", f"mask must hold at least {n} flags"))
 
 
-def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset(), fuse: bool = True) -> s.KernelOp:  # type: ignore[assignment]
-    """Lower one function; with ``fuse``, row groups (see opgen.lower.row_groups) are formed
-    where legal, else every materialised value gets its own loop nest."""
+def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset(), fuse: bool = True,  # type: ignore[assignment]
+               chain_rows: int | None = None) -> s.KernelOp:
+    """Lower one function; with ``fuse``, matmul chains (opgen.lower.matmul_chain, tiles of
+    ``chain_rows`` rows) or row groups (opgen.lower.row_groups) are formed where legal, else
+    every materialised value gets its own loop nest."""
     if fuse:
-        from opgen.lower.matmul_chain import MatmulChainLowering
+        from opgen.lower.matmul_chain import ROW_BLOCK, MatmulChainLowering
         from opgen.lower.row_groups import RowGroupLowering
 
-        for cls in (MatmulChainLowering, RowGroupLowering):
-            try:
-                return cls(func, set(aliases)).run()
-            except NotFusable:
-                pass
+        try:
+            return MatmulChainLowering(func, set(aliases), row_block=chain_rows or ROW_BLOCK).run()
+        except NotFusable:
+            pass
+        try:
+            return RowGroupLowering(func, set(aliases)).run()
+        except NotFusable:
+            pass
     return _Lowering(func, set(aliases)).run()
 
 
@@ -417,10 +422,12 @@ class LowerToLoops(ModulePass):
 
     name = "lower-to-loops"
     fuse: bool = True
+    #: rows per tile of matmul chains (None: the default, opgen.lower.matmul_chain.ROW_BLOCK)
+    chain_rows: int | None = None
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in list(op.body.block.ops):
             if isinstance(f, ir.FuncOp):
-                k = lower_func(f, set(f.aliased_outputs), self.fuse)
+                k = lower_func(f, set(f.aliased_outputs), self.fuse, self.chain_rows)
                 op.body.block.insert_op_before(k, f)
                 op.body.block.erase_op(f)

@@ -31,8 +31,9 @@ PIPELINES: dict[str, list[ModulePass]] = {
     "cpu": [*L0, LowerToLoops(), FuseReductions()],
     # CUDA: the same loops; the printer maps parallel loops to blocks/threads, reduce loops to
     # fixed-tree block reductions and per-iteration scratch to per-block workspace slices
-    # (opgen/emit/cuda.py).
-    "cuda": [*L0, LowerToLoops(), FuseReductions()],
+    # (opgen/emit/cuda.py). Matmul chains in tiles of 64 rows: one block per 64 rows of the
+    # row pass (BT = 8192 -> 128 blocks, enough for an H100's 132 SMs), one tensor-core tile high.
+    "cuda": [*L0, LowerToLoops(chain_rows=64), FuseReductions()],
 }
 
 

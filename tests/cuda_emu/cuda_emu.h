@@ -5,9 +5,11 @@
  * real std::threads, so barriers, block reductions, warp shuffles and races are real:
  *   __syncthreads()       a std::barrier over the block (a thread that returns drops out, as on
  *                         Volta+ GPUs, where exited threads no longer count);
+ *   __syncwarp()          a std::barrier over the warp;
  *   __shfl_down_sync      an exchange through a per-warp slot array between two warp barriers;
  *   __shared__            static storage (one block at a time runs, so it is the block's);
- *   atomics               __atomic builtins; device memory is host memory.
+ *   atomics               __atomic builtins; device memory is host memory;
+ *   nvcuda::wmma          see mma.h (lane-owned accumulator elements).
  * `kernel<<<grid, block, shmem, stream>>>(args)` is rewritten by tests/cuda_emu/emu_build.py into
  * `opgen_emu_launch(grid, block, shmem, [&] { kernel(args); })` before compiling with g++. Run under
  * ThreadSanitizer, missing barriers show up as data races. */
@@ -39,7 +41,7 @@
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(n)
 #define __shared__ static
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 
 struct dim3 {
     unsigned int x = 1, y = 1, z = 1;
@@ -58,6 +60,8 @@ inline thread_local unsigned char *opgen_emu_smem = nullptr;
 inline unsigned char *opgen_dyn_smem(void) { return opgen_emu_smem; }
 
 inline void __syncthreads() { opgen_emu_block->arrive_and_wait(); }
+/* the whole warp (every generated __syncwarp() is reached by all 32 lanes) */
+inline void __syncwarp(unsigned int = 0xffffffffu) { opgen_emu_warp->arrive_and_wait(); }
 
 template <typename T>
 inline T __shfl_down_sync(unsigned int, T v, int offset) {
