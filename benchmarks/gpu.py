@@ -12,8 +12,8 @@
 5. times ours vs PyTorch CUDA (CUDA events, median of alternating runs): embedding_dense_backward,
    RMSNorm backward (autograd, and torch.ops.aten._fused_rms_norm_backward when it exists), and the
    FLCE gradient (vs PyTorch's materialised-logits composite, and Liger-Kernel's fused linear
-   cross entropy when importable) at the CPU benchmark's sizes and, with --llm, at LLM sizes
-   (V=128256, H=4096, BT=8192, bf16),
+   cross entropy when importable; with each one's peak device memory) at the CPU benchmark's
+   sizes and, with --llm, at LLM sizes (V=128256, H=4096, BT=8192, bf16),
 6. with --sanitizer, runs compute-sanitizer memcheck and racecheck on a small case of every op,
 and prints a ratio table. Without a usable GPU it stops with a clear message (exit status 2).
 """
@@ -337,6 +337,21 @@ def timed(torch: Any, fns: dict[str, Callable[[], object]], reps: int) -> dict[s
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def peak_mb(torch: Any, fn: Callable[[], object], held: int = 0) -> float:
+    """Peak device memory (MiB) one call needs: the growth of PyTorch's allocator peak over what
+    was allocated before it (outputs it allocates included), plus ``held`` bytes of buffers it
+    uses that were allocated up front."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    r = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del r
+    return (peak + held) / 2**20
+
+
 def bench_embedding(torch: Any, llm: bool, quick: bool) -> list[dict]:
     from opgen import runtime_cuda
 
@@ -437,18 +452,22 @@ def bench_flce(torch: Any, llm: bool, quick: bool) -> list[dict]:
         try:
             from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
 
-            Xl = X.clone().requires_grad_()
+            # both leaves require grad, so Liger computes grad_weight too (it skips it otherwise)
+            Xl, Wl = X.clone().requires_grad_(), W.clone().requires_grad_()
 
             def liger() -> object:
-                return LigerFusedLinearCrossEntropyFunction.apply(Xl, W, t)
+                return LigerFusedLinearCrossEntropyFunction.apply(Xl, Wl, t)
 
             fns["liger(fwd+grads)"] = liger
         except Exception as e:  # optional contender
             print(f"  (Liger-Kernel not usable: {type(e).__name__}: {e})")
         reps = 3 if BT * V > 10**8 else 5
         tm = timed(torch, fns, reps)
+        # ours works in buffers allocated up front (workspace, both gradients): counted as held
+        held = sum(x.numel() * x.element_size() for x in (ws, dX, dW) if x is not None)
+        mem = {k: peak_mb(torch, f, held if k == "ours" else 0) for k, f in fns.items()}
         rows.append({"row": f"FLCE grad memory-saving BT={BT} H={H} V={V} bf16", "ours_ms": tm.pop("ours"),
-                     "theirs": tm, "flops": 8 * BT * H * V})
+                     "theirs": tm, "flops": 8 * BT * H * V, "ours_mb": mem.pop("ours"), "theirs_mb": mem})
         print(rows[-1], flush=True)
     return rows
 
@@ -525,6 +544,8 @@ def table(rows: list[dict]) -> None:
                 note = f"{r['bytes'] / (r['ours_ms'] / 1e3) / 1e9:.0f} GB/s"
             if "flops" in r:
                 note = f"{r['flops'] / (r['ours_ms'] / 1e3) / 1e12:.1f} TFLOP/s"
+            if "ours_mb" in r and who in r["theirs_mb"]:
+                note += f"; peak {r['ours_mb']:.0f} MiB vs {r['theirs_mb'][who]:.0f} MiB"
             print(f"| {r['row']} | {r['ours_ms']:.3f} | {who} {ms:.3f} | {ms / r['ours_ms']:.2f}x | {note} |")
 
 
