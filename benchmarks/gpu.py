@@ -480,35 +480,9 @@ def _packbits(torch: Any, m: Any) -> Any:
 
 def _workspace(torch: Any, name: str, **args: Any) -> Any:
     """A device workspace of the size the library asks for (so timings exclude cudaMallocAsync)."""
-    import ctypes
-
     from opgen import runtime_cuda
 
-    lib = runtime_cuda.load()
-    o = registry.get(name)
-    keep, cargs = [], []
-    from opgen.dsl.spec import AttrSpec, TensorSpec
-
-    for p in o.signature.params:
-        v = args.get(p.name)
-        if isinstance(p.spec, TensorSpec):
-            if v is None:
-                cargs.append(None)
-                continue
-            d, h = runtime_cuda.describe(v)
-            keep.append((d, h))
-            cargs.append(ctypes.pointer(d))
-        elif isinstance(p.spec, AttrSpec):
-            val = p.spec.default if v is None else v
-            cargs.append(ctypes.c_float(float(val)) if p.spec.dtype == dtypes.F32 else
-                         ctypes.c_int64(int(val)) if p.spec.dtype == dtypes.I64 else ctypes.c_bool(bool(val)))
-        else:
-            cargs.append(ctypes.c_int64(int(v)))
-    size = ctypes.c_size_t(0)
-    st = getattr(lib, f"opgen_cuda_{name}_workspace_size")(*cargs, ctypes.byref(size))
-    if st != 0:
-        raise OpError("param", lib.opgen_cuda_last_error().decode())
-    return torch.empty(max(size.value, 1), dtype=torch.uint8, device="cuda")
+    return torch.empty(max(runtime_cuda.workspace_size(name, **args), 1), dtype=torch.uint8, device="cuda")
 
 
 # ----------------------------------------------------------------------------- sanitizer

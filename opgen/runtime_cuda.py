@@ -127,6 +127,19 @@ def call(op_name: str, lib: ctypes.CDLL | None = None, stream: int | None = None
     return outs
 
 
+def workspace_size(op_name: str, lib: ctypes.CDLL | None = None, **args: Any) -> int:
+    """Bytes of workspace ``opgen_cuda_<op>`` needs for these (torch CUDA) arguments."""
+    o = registry.get(op_name)
+    lib = lib or load()
+    cargs, _, _keep = marshal(o.signature, args, lambda _, v: (v, *describe(v)))
+    size = ctypes.c_size_t(0)
+    st = getattr(lib, f"opgen_cuda_{o.name}_workspace_size")(*cargs, ctypes.byref(size))
+    if st != 0:
+        msg = lib.opgen_cuda_last_error().decode()
+        raise OpError(STATUS.get(st, "internal"), f"status {st}: {msg}")
+    return int(size.value)
+
+
 def device_status(stream: int | None = None, clear: bool = True, lib: ctypes.CDLL | None = None) -> int:
     """Synchronise and return the device-side status word (0, or 6 = index out of range)."""
     import torch

@@ -179,26 +179,9 @@ def test_library_links_and_exports_only_the_plain_abi(library: Path) -> None:
 def _sizing_call(lib: ctypes.CDLL, fn: str, o: object, args: dict) -> tuple[int, int]:
     """(status, bytes) of ``fn`` (a *_workspace_size entry point) on numpy arrays: no data is
     touched, so host memory serves for both libraries."""
-    from opgen import dtypes
-    from opgen.dsl.spec import AttrSpec, TensorSpec
-    from opgen.runtime import describe
+    from opgen.runtime import describe, marshal
 
-    keep, cargs = [], []
-    for p in o.signature.params:  # type: ignore[attr-defined]
-        v = args.get(p.name)
-        if isinstance(p.spec, TensorSpec):
-            if v is None:
-                cargs.append(None)
-                continue
-            d, h = describe(v)
-            keep.append((d, h))
-            cargs.append(ctypes.pointer(d))
-        elif isinstance(p.spec, AttrSpec):
-            val = p.spec.default if v is None else v
-            cargs.append(ctypes.c_float(float(val)) if p.spec.dtype == dtypes.F32 else
-                         ctypes.c_int64(int(val)) if p.spec.dtype == dtypes.I64 else ctypes.c_bool(bool(val)))
-        else:
-            cargs.append(ctypes.c_int64(int(v) if v is not None else -1))
+    cargs, _, _keep = marshal(o.signature, args, lambda _, v: (v, *describe(v)))  # type: ignore[attr-defined]
     size = ctypes.c_size_t(0)
     st = getattr(lib, fn)(*cargs, ctypes.byref(size))
     return int(st), int(size.value)
