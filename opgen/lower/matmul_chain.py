@@ -12,10 +12,12 @@ the memory-saving schedule of linear-layer loss gradients, found from the IR's s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from xdsl.ir import Operation, SSAValue
 
+from opgen import dtypes
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 from opgen.lower.to_loops import MATERIALISED, NotFusable, _Builder, _Lowering
@@ -33,8 +35,9 @@ class Chain:
     col_out: list[tuple[str, SSAValue, ir.MatmulOp]]  # (output, value, G^T @ D)
 
 
-def _strip_cast(v: SSAValue) -> SSAValue:
-    while isinstance(v.owner, ir.CastOp):
+def _strip_cast(v: SSAValue, through: Callable[[ir.CastOp], bool] = lambda _: True) -> SSAValue:
+    """``v`` seen through the casts that produce it (those ``through`` accepts)."""
+    while isinstance(v.owner, ir.CastOp) and through(v.owner):
         v = v.owner.x
     return v
 
@@ -142,22 +145,19 @@ class MatmulChainLowering(_Lowering):
         """Values of ``dtype`` (every member of a dtype variable) are held as f32."""
         dvars = self.func.dtype_vars.data
         members = [m.data for m in dvars[dtype].data] if dtype in dvars else [dtype]  # type: ignore[attr-defined]
-        return all(m in ("f16", "bf16", "f32") for m in members)
+        return all(dtypes.BY_NAME[m].compute == dtypes.F32 for m in members)
 
     def _rows_source(self, v: SSAValue, transposed: bool) -> SSAValue | None:
         """The value whose rows ``load_rows(v, transposed)`` copies, seen through float casts
         that do not change held values (``opgen.cast`` between f16/bf16/f32 is logical)."""
-        def strip(x: SSAValue) -> SSAValue:
-            while isinstance(x.owner, ir.CastOp) and self._f32_held(ir.tensor_type(x).dtype) \
-                    and self._f32_held(ir.tensor_type(x.owner.x).dtype):
-                x = x.owner.x
-            return x
+        def logical(c: ir.CastOp) -> bool:
+            return self._f32_held(ir.tensor_type(c.result).dtype) and self._f32_held(ir.tensor_type(c.x).dtype)
 
-        v = strip(v)
+        v = _strip_cast(v, logical)
         if transposed:
             if not isinstance(v.owner, ir.TransposeOp):
                 return None
-            v = strip(v.owner.x)
+            v = _strip_cast(v.owner.x, logical)
         return v
 
     def same_rows(self, v: SSAValue, vt: bool, w: SSAValue, wt: bool) -> bool:
