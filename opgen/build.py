@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from opgen import registry
@@ -45,23 +46,77 @@ def generate_cuda(o: OpDef) -> dict[str, str]:
     return {f"cuda/{o.name}.cu": cuda.op_source(o)}
 
 
-def generate_common(ops: list[OpDef]) -> dict[str, str]:
-    """Files shared by all ops: the public header, the CPU runtime and the vendor facades."""
+def generate_common(ops: list[OpDef], cuda_ops: list[OpDef] | None = None) -> dict[str, str]:
+    """Files shared by all ops: the public headers, the runtimes and the vendor facades
+    (``cuda_ops``: the ops the CUDA header declares, default ``ops``)."""
     from opgen.emit import cpu, facades, render
 
     infos = [cpu.header_info(o) for o in ops]
+    cuda_infos = infos if cuda_ops is None else [cpu.header_info(o) for o in cuda_ops]
     return {
         "include/opgen.h": render.render("include/opgen.h.j2", ops=infos),
         "cpu/opgen_rt.h": render.render("cpu/opgen_rt.h.j2"),
         "cpu/opgen_rt.c": render.render("cpu/opgen_rt.c.j2"),
-        "include/opgen_cuda.h": render.render("include/opgen_cuda.h.j2", ops=infos),
+        "cpu/opgen_seg.h": render.render("cpu/opgen_seg.h.j2"),
+        "include/opgen_cuda.h": render.render("include/opgen_cuda.h.j2", ops=cuda_infos),
         "cuda/opgen_cuda_rt.cuh": render.render("cuda/opgen_cuda_rt.cuh.j2"),
         "cuda/opgen_cuda_rt.cu": render.render("cuda/opgen_cuda_rt.cu.j2"),
         **facades.generate(ops),
     }
 
 
-GENERATORS: list[tuple[str, Generator]] = [("ir", generate_ir), ("cpu", generate_cpu), ("cuda", generate_cuda)]
+def generate_facades(o: OpDef) -> dict[str, str]:
+    """The op's vendor facades alone (checks its ABI declarations; the files themselves are
+    written by :func:`generate_common` with every op's)."""
+    from opgen.emit import facades
+
+    facades.generate([o])
+    return {}
+
+
+GENERATORS: list[tuple[str, Generator]] = [("ir", generate_ir), ("cpu", generate_cpu), ("facades", generate_facades),
+                                           ("cuda", generate_cuda)]
+#: targets whose failure leaves the op out of the CPU library (and its headers and facades)
+CPU_TARGETS = ("ir", "cpu", "facades")
+
+
+@dataclass
+class Failure:
+    """One op (or op file) that a target could not be generated for."""
+
+    op: str
+    target: str
+    stage: str
+    error: BaseException
+    where: str = ""
+
+    def message(self) -> str:
+        from opgen.dsl.spec import DSLError
+
+        err = self.error.__cause__ if isinstance(self.error, pipeline.StageFailed) and self.error.__cause__ \
+            else self.error
+        text = str(err) if isinstance(err, DSLError) else f"{type(err).__name__}: {err}"
+        if isinstance(err, DSLError):
+            hint = "fix the op's definition"
+        elif isinstance(err, NotImplementedError):
+            hint = (f"the {self.target} backend does not support what this op uses: rewrite the op, or leave "
+                    f"it out of that target; other targets are not affected")
+        else:
+            hint = "an internal compiler error: please report it with the output of 'opgen build --traceback'"
+        what = f"ops file {self.where}" if self.target == "load" else \
+            f"op '{self.op}'" + (f" [{self.where}]" if self.where else "")
+        return (f"{what}, target {self.target}, stage {self.stage}: {text}\n"
+                f"    what to do: {hint} (--traceback shows the Python traceback)")
+
+
+def _stage_of(e: BaseException, target: str) -> str:
+    from opgen.dsl.spec import DSLError
+
+    if isinstance(e, pipeline.StageFailed):
+        return e.stage
+    if isinstance(e, DSLError):
+        return "trace"
+    return {"ir": "print-ir", "facades": "facades"}.get(target, f"emit-{target}")
 
 
 def _sources_digest() -> str:
@@ -77,24 +132,61 @@ def _sources_digest() -> str:
     return h.hexdigest()
 
 
-def generate_all(verbose: bool = True) -> dict[str, str]:
-    files: dict[str, str] = generate_common(list(registry.load_all().values()))
-    for name, o in registry.load_all().items():
+def generate_all(verbose: bool = True, failures: list[Failure] | None = None,
+                 tracebacks: bool = False) -> dict[str, str]:
+    """Every file of ``generated/``. An op file that does not load, or an op that one target cannot
+    generate, is recorded in ``failures`` (and printed) while everything else is still generated;
+    an op that fails a CPU target is left out of the CPU library's headers and facades, one that
+    fails CUDA out of the CUDA header. Without ``failures`` the first failure raises."""
+    import traceback
+
+    found: list[Failure] = []
+    ops, load_errors = registry.load_each()
+    for path, e in load_errors:
+        found.append(Failure(path.stem, "load", "import", e, str(path)))
+    files: dict[str, str] = {}
+    failed: dict[str, set[str]] = {}
+    for name, o in ops.items():
         for target, gen in GENERATORS:
+            if any(f.op == name and f.stage == "trace" for f in found):
+                continue  # the op does not trace: one report is enough
             t0 = time.perf_counter()
-            produced = gen(o)
+            try:
+                produced = gen(o)
+            except Exception as e:
+                found.append(Failure(name, target, _stage_of(e, target), e, o.where))
+                failed.setdefault(name, set()).add(target)
+                if verbose:
+                    print(f"  [{target:>6}] {name}: FAILED", flush=True)
+                continue
             files.update(produced)
-            if verbose:
+            if verbose and produced:
                 print(f"  [{target:>6}] {name}: {len(produced)} file(s) "
                       f"({time.perf_counter() - t0:.2f}s)", flush=True)
+    cpu_ops = [o for n, o in ops.items() if not failed.get(n, set()) & set(CPU_TARGETS)]
+    cuda_ops = [o for o in cpu_ops if "cuda" not in failed.get(o.name, set())]
+    for o in ops.values():  # a CPU failure drops the op everywhere: remove what it did produce
+        if o not in cpu_ops:
+            for p in [f"ir/{o.name}.mlir", f"cpu/{o.name}.c", f"cuda/{o.name}.cu"]:
+                files.pop(p, None)
+    files.update(generate_common(cpu_ops, cuda_ops))
+    sys.stdout.flush()
+    for f in found:
+        print(f"opgen build: error: {f.message()}", file=sys.stderr)
+        if tracebacks:
+            traceback.print_exception(f.error, file=sys.stderr)
+    if failures is None and found:
+        raise found[0].error
+    if failures is not None:
+        failures.extend(found)
     return files
 
 
-def compile_cpu(out_dir: Path, verbose: bool) -> None:
+def compile_cpu(out_dir: Path, build_dir: Path, verbose: bool) -> None:
     from opgen import compile as cc
 
     t0 = time.perf_counter()
-    lib = cc.build_library(out_dir / "cpu", out_dir / "include", BUILD_DIR / "cpu", verbose=verbose)
+    lib = cc.build_library(out_dir / "cpu", out_dir / "include", build_dir / "cpu", verbose=verbose)
     if verbose:
         print(f"opgen build: {lib.relative_to(registry.REPO_ROOT) if lib.is_relative_to(registry.REPO_ROOT) else lib}"
               f" ready ({time.perf_counter() - t0:.1f}s)")
@@ -107,14 +199,15 @@ def cuda_wanted(flag: bool | None) -> bool:
     return os.environ.get("OPGEN_CUDA", "0").strip().lower() in ("1", "yes", "true", "on")
 
 
-def compile_cuda(out_dir: Path, verbose: bool, wanted: bool) -> None:
+def compile_cuda(out_dir: Path, build_dir: Path, verbose: bool, wanted: bool) -> None:
     """Build build/cuda/libopgen_cuda.so when asked and nvcc exists; say plainly otherwise.
 
     Not by default: nvcc needs minutes for every kernel instance of every op (sm_80 + sm_90,
     warnings as errors); objects are cached, so later builds only recompile what changed."""
     from opgen import compile as cc
 
-    rel = (BUILD_DIR / "cuda" / "libopgen_cuda.so").relative_to(registry.REPO_ROOT)
+    lib_path = build_dir / "cuda" / "libopgen_cuda.so"
+    rel = lib_path.relative_to(registry.REPO_ROOT) if lib_path.is_relative_to(registry.REPO_ROOT) else lib_path
     tool = cc.nvcc()
     if not tool:
         if verbose or wanted:
@@ -127,7 +220,7 @@ def compile_cuda(out_dir: Path, verbose: bool, wanted: bool) -> None:
                   "the first build takes minutes)")
         return
     t0 = time.perf_counter()
-    lib = cc.build_cuda_library(out_dir / "cuda", out_dir / "include", BUILD_DIR / "cuda", verbose=verbose)
+    lib = cc.build_cuda_library(out_dir / "cuda", out_dir / "include", build_dir / "cuda", verbose=verbose)
     if verbose:
         print(f"opgen build: {lib.relative_to(registry.REPO_ROOT) if lib.is_relative_to(registry.REPO_ROOT) else lib}"
               f" ready ({time.perf_counter() - t0:.1f}s)")
@@ -136,10 +229,26 @@ def compile_cuda(out_dir: Path, verbose: bool, wanted: bool) -> None:
 BUILD_DIR = registry.REPO_ROOT / "build"
 
 
+def default_build_dir(out_dir: Path) -> Path:
+    """Where the libraries of ``out_dir`` are compiled: ``<repo>/build`` for ``<repo>/generated``,
+    else ``<out>.build`` beside it (never inside ``out_dir``, whose extra files the build removes;
+    never the repository's own build, which another output directory must not overwrite)."""
+    if out_dir == registry.REPO_ROOT / "generated":
+        return BUILD_DIR
+    return out_dir.parent / (out_dir.name + ".build")
+
+
 def main(check: bool = False, out: str | None = None, verbose: bool = True,
-         compile_lib: bool = True, cuda: bool | None = None) -> int:
+         compile_lib: bool = True, cuda: bool | None = None, build_dir: str | None = None,
+         tracebacks: bool = False) -> int:
+    """Regenerate (or ``check``) ``out`` and compile the libraries. Returns the exit status: 1 when
+    some op or target failed (everything else is still generated and built) or ``check`` found
+    stale files."""
     out_dir = Path(out).resolve() if out else registry.REPO_ROOT / "generated"
-    stamp_file = BUILD_DIR / ("generate." + hashlib.sha256(str(out_dir).encode()).hexdigest()[:12] + ".stamp")
+    bdir = Path(build_dir).resolve() if build_dir else default_build_dir(out_dir)
+    if bdir == out_dir or bdir.is_relative_to(out_dir):
+        raise ValueError(f"the build directory {bdir} must not be inside the output directory {out_dir}")
+    stamp_file = bdir / ("generate." + hashlib.sha256(str(out_dir).encode()).hexdigest()[:12] + ".stamp")
     digest = _sources_digest()
     if not check and stamp_file.exists():
         try:
@@ -152,12 +261,13 @@ def main(check: bool = False, out: str | None = None, verbose: bool = True,
             if verbose:
                 print(f"opgen build: {out_dir} is up to date")
             if compile_lib:
-                compile_cpu(out_dir, verbose)
-                compile_cuda(out_dir, verbose, cuda_wanted(cuda))
+                compile_cpu(out_dir, bdir, verbose)
+                compile_cuda(out_dir, bdir, verbose, cuda_wanted(cuda))
             return 0
     if verbose:
         print(f"opgen build: generating into {out_dir}" + (" (check only)" if check else ""))
-    files = generate_all(verbose)
+    failures: list[Failure] = []
+    files = generate_all(verbose, failures, tracebacks)
     existing = {str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file()} \
         if out_dir.is_dir() else set()
     stale = sorted(existing - set(files))
@@ -172,6 +282,8 @@ def main(check: bool = False, out: str | None = None, verbose: bool = True,
             print(f"opgen build --check: generated/ is stale ({len(changed)} changed, "
                   f"{len(stale)} extra); run 'opgen build'", file=sys.stderr)
             return 1
+        if failures:
+            return _summary(failures)
         if verbose:
             print(f"opgen build --check: {len(files)} files up to date")
         return 0
@@ -182,13 +294,23 @@ def main(check: bool = False, out: str | None = None, verbose: bool = True,
     for p in stale:
         (out_dir / p).unlink()
     stamp_file.parent.mkdir(parents=True, exist_ok=True)
-    stamp_file.write_text(json.dumps({
-        "digest": digest, "out": str(out_dir),
-        "files": {p: hashlib.sha256(t.encode()).hexdigest() for p, t in files.items()}}))
+    if failures:  # the next build tries again
+        stamp_file.unlink(missing_ok=True)
+    else:
+        stamp_file.write_text(json.dumps({
+            "digest": digest, "out": str(out_dir),
+            "files": {p: hashlib.sha256(t.encode()).hexdigest() for p, t in files.items()}}))
     if verbose:
         print(f"opgen build: {len(changed)} file(s) written, {len(stale)} removed, "
               f"{len(files) - len(changed)} unchanged")
     if compile_lib:
-        compile_cpu(out_dir, verbose)
-        compile_cuda(out_dir, verbose, cuda_wanted(cuda))
-    return 0
+        compile_cpu(out_dir, bdir, verbose)
+        compile_cuda(out_dir, bdir, verbose, cuda_wanted(cuda))
+    return _summary(failures) if failures else 0
+
+
+def _summary(failures: list[Failure]) -> int:
+    what = ", ".join(f"{f.op} ({f.target}: {f.stage})" for f in failures)
+    print(f"opgen build: {len(failures)} failure(s), everything else was generated and built: {what}",
+          file=sys.stderr)
+    return 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Sequence
 
 import numpy as np
@@ -91,7 +92,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     try:
         return build.main(check=args.check, out=args.out, verbose=not args.quiet,
-                          compile_lib=not args.no_compile, cuda=args.cuda)
+                          compile_lib=not args.no_compile, cuda=args.cuda, build_dir=args.build_dir,
+                          tracebacks=args.traceback)
     except CompileError as e:
         print(f"opgen build: compilation failed:\n{e}", file=sys.stderr)
         return 1
@@ -179,6 +181,8 @@ def make_parser() -> argparse.ArgumentParser:
         prog="opgen", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="Compile deep-learning operators written once in the opgen DSL (ops_dsl/) "
                     "into kernels and vendor C ABIs.")
+    ap.add_argument("--traceback", action="store_true",
+                    help="on an error, also print the Python traceback (for bug reports)")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     p = sub.add_parser("list", help="list the ops with signatures and ABIs",
@@ -205,6 +209,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if generated/ differs from a fresh build")
     p.add_argument("--out", default=None, help="output directory (default: <repo>/generated)")
+    p.add_argument("--build-dir", default=None,
+                   help="where the libraries are compiled (default: <repo>/build for the default --out, "
+                        "else OUT.build beside OUT)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("--no-compile", action="store_true",
                    help="only write generated/, do not compile build/cpu/libopgen.so")
@@ -226,17 +233,32 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--save", help="write the outputs to this .npz file")
     p.set_defaults(fn=cmd_eval)
+    for sp in sub.choices.values():  # also accepted after the command: opgen build --traceback
+        sp.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
+                        help="on an error, also print the Python traceback")
     return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from opgen.binding import OpError
+    from opgen.passes.pipeline import StageFailed
+
     args = make_parser().parse_args(argv)
     try:
         return int(args.fn(args) or 0)
-    except (DSLError, KeyError) as e:
+    except (DSLError, KeyError, OpError, StageFailed, ValueError) as e:
+        if args.traceback:
+            traceback.print_exc()
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        print(f"opgen: error: {msg}", file=sys.stderr)
+        op = f"op '{args.op}': " if getattr(args, "op", None) else ""
+        print(f"opgen: error: {op}{msg}", file=sys.stderr)
         return 2
+    except Exception as e:
+        if args.traceback:
+            traceback.print_exc()
+        print(f"opgen: internal error in '{args.cmd}': {type(e).__name__}: {e}\n"
+              f"    please report it with the output of 'opgen {args.cmd} ... --traceback'", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -45,14 +45,19 @@ class _Interp:
         ``opgen.check``s, then mask lengths — before any index is looked at."""
         for op in func.body.block.ops:
             if isinstance(op, ir.CheckOp):
-                if op.cond in self.env and not bool(self.val(op.cond)):
-                    raise OpError(op.status.data, f"{self.b.op.name}: {op.message.data}")
+                if ir.tensor_type(op.cond).rank == 0 and op.cond in self.env:
+                    self.check(op)
             elif isinstance(op, ir.UnpackBitsOp):
                 _unpack_bits(self, op)
             elif (op.results and ir.tensor_type(op.results[0]).rank == 0 and type(op) in _HANDLERS
                   and all(o in self.env for o in op.operands)):
                 rt = ir.tensor_type(op.results[0])
                 self.env[op.results[0]] = np.asarray(_HANDLERS[type(op)](self, op)).astype(self.np_type(rt))
+
+    def check(self, op: ir.CheckOp) -> None:
+        """Fail with the check's status unless every element of its condition holds."""
+        if not bool(np.all(self.val(op.cond))):
+            raise OpError(op.status.data, f"{self.b.op.name}: {op.message.data}")
 
     # ------------------------------------------------------------------ run
     def run(self) -> dict[str, Array]:
@@ -69,7 +74,8 @@ class _Interp:
             if isinstance(op, ir.ReturnOp):
                 return {n.data: self.val(v) for n, v in zip(op.names.data, op.values, strict=True)}
             if isinstance(op, ir.CheckOp):
-                continue  # evaluated by prevalidate
+                self.check(op)  # a check on data: where the op puts it (again for scalar checks: no-op)
+                continue
             if op.results and op.results[0] in self.env:
                 continue
             handler = _HANDLERS.get(type(op))

@@ -28,28 +28,52 @@ def _import(path: Path) -> object:
 
 @cache
 def load_all(directory: str | None = None) -> dict[str, OpDef]:
-    """Import every op file and return its ops by name, sorted."""
+    """Import every op file and return its ops by name, sorted (the first bad file raises)."""
+    ops, errors = load_each(directory)
+    if errors:
+        raise errors[0][1]
+    return ops
+
+
+def load_each(directory: str | None = None) -> tuple[dict[str, OpDef], list[tuple[Path, BaseException]]]:
+    """Like :func:`load_all`, but a file that fails to import (or defines no op, or redefines
+    one) is reported in the second result instead of stopping the others from loading."""
     d = Path(directory) if directory else ops_dir()
     if not d.is_dir():
         raise DSLError(f"ops directory {d} does not exist")
     found: dict[str, OpDef] = {}
+    errors: list[tuple[Path, BaseException]] = []
     for f in sorted(d.glob("*.py")):
         if f.name.startswith("_"):
             continue
-        mod = _import(f)
-        ops = [v for v in vars(mod).values() if isinstance(v, OpDef)]
-        if not ops:
-            raise DSLError(f"{f}: defines no @op")
+        try:
+            mod = _import(f)
+            ops = [v for v in vars(mod).values() if isinstance(v, OpDef)]
+            if not ops:
+                raise DSLError(f"{f}: defines no @op")
+            for o in ops:
+                if o.name in found:
+                    raise DSLError(f"{f}: op '{o.name}' is already defined in {found[o.name].where}")
+        except Exception as e:
+            errors.append((f, e))
+            continue
         for o in ops:
-            if o.name in found:
-                raise DSLError(f"{f}: op '{o.name}' is already defined in {found[o.name].where}")
             found[o.name] = o
-    return dict(sorted(found.items()))
+    return dict(sorted(found.items())), errors
 
 
 def get(name: str) -> OpDef:
-    """One op by name (a clear error listing the known ops otherwise)."""
-    ops = load_all()
+    """One op by name (a clear error listing the known ops otherwise). A broken op file does not
+    hide the ops of the other files; it is named when the op asked for is not found."""
+    try:
+        ops = load_all()
+    except Exception:
+        ops, errors = load_each()
+        if name in ops:
+            return ops[name]
+        broken = "; ".join(f"{f.name}: {e}" for f, e in errors)
+        raise KeyError(f"unknown op {name!r}; known: {', '.join(ops)} (files that failed to load: {broken})") \
+            from None
     if name not in ops:
         raise KeyError(f"unknown op {name!r}; known: {', '.join(ops)}")
     return ops[name]

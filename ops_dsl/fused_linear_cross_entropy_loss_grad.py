@@ -6,6 +6,7 @@ from opgen.dsl import (
     Tensor,
     bf16,
     boolean,
+    cast,
     check,
     dims,
     dtype_var,
@@ -53,7 +54,8 @@ def fused_linear_cross_entropy_loss_grad(
 ):
     """``G = softmax`` (given) or ``exp(X W^T - logits_max) / sum_exp`` (memory-saving, never
     materialised by backends: tiles of X W^T are recomputed); ``G[i, t[i]] -= 1 - m[i]`` where
-    ``m`` (bit-packed u8, LSB first, or bool) marks targets outside this shard; ``G *= grad``;
+    ``m`` (bit-packed u8, LSB first, or bool) marks targets outside this shard (a row inside it
+    needs ``t[i]`` in ``[0, V)``, else status ``index``, nothing written); ``G *= grad``;
     ``input_grad = G W`` and ``weight_grad = G^T X``."""
     check(label_smoothing == 0.0, "labelSmoothing must be 0")
     check(size(V) >= 128, "weight must have at least 128 rows (V >= 128)")
@@ -64,6 +66,9 @@ def fused_linear_cross_entropy_loss_grad(
     else:
         probs = exp(input @ weight.T - logits_max[:, None]) / sum_exp_logits[:, None]
     outside = unpack_bits(target_mask, BT)
+    t = cast(masked_target, i64)  # compared with V in 64 bits: no wrap for any V
+    check(outside | ((t >= 0) & (t < size(V))), "maskedTarget out of [0, V) on a row whose target is in this shard",
+          status="index")
     is_target = (iota((BT, V), axis=1) == masked_target[:, None]) & ~outside[:, None]
     g = (probs - where(is_target, 1.0, 0.0)) * grad[:, None]
     return {"input_grad": g @ weight, "weight_grad": g.T @ input}

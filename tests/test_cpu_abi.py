@@ -416,10 +416,13 @@ def test_flce_noncontiguous(rng, mode):
 
 
 @pytest.mark.parametrize("mode", ["softmax", "memory_saving"])
-def test_flce_targets_outside_the_shard_range(rng, mode):
-    """masked_target values outside [0, V) never match a column: no -1, no error, no OOB."""
-    a = flce_args(rng, "bf16", "u8", "i32", mode, mask_p=0.0)
+def test_flce_targets_out_of_range_on_masked_rows(rng, mode):
+    """A row whose target is outside this shard (mask bit set) may carry any masked_target
+    (Megatron leaves garbage there): no -1, no error, no out-of-bounds access. Out-of-range
+    targets on rows inside the shard are an index error (BAD below)."""
+    a = flce_args(rng, "bf16", "bool", "i32", mode, mask_p=0.0)
     a["masked_target"][:8] = [300, -1, 1000, -5, 299, 0, 2**31 - 1, -(2**31)]
+    a["target_mask"][:8] = [True, True, True, True, False, False, True, True]
     check_against_oracle(FLCE, a)
 
 
@@ -715,6 +718,10 @@ BAD = {
     "ebw-u32-max": (EBW, lambda r: _idx(_ebw(r), "indices", 3, 2**32 - 1), "index", None),
     "ebw-i32-neg": (EBW, lambda r: _idx(_ebw(r, "i32", "bf16"), "indices", 0, -1), "index", None),
     "ebw-i64-2^40": (EBW, lambda r: _idx(_ebw(r, "i64", "bf16"), "indices", 28, 2**40), "index", None),
+    # FLCE: a row inside the shard (mask bit 0) needs its target in [0, V = 300)
+    **{f"flce-{mode}-target-{v}": (FLCE, lambda r, m=mode, v=v: _idx(_fl(r, m, mask_p=0.0), "masked_target", 5, v),
+                                   "index", None)
+       for mode in ("softmax", "memory_saving") for v in (300, -1, 2**31 - 1, -(2**31))},
     # --- dtypes: mismatch within a dtype variable; not a member; not a dtype at all
     "eb-dtable1-f16-vs-f32": (EB, lambda r: _set(_eb(r), dtable1=filled((7, 13), "f16")), "dtype", None),
     "eb-dtable2-f64-vs-f32": (EB, lambda r: _set(_eb(r), dtable2=filled((11, 13), "f64")), "dtype", None),

@@ -96,7 +96,8 @@ def test_tensor_core_operands_are_split_unless_exact_in_tf32(sources: dict[str, 
     """Tiles loaded from bf16/f16 memory are exact in TF32 and multiplied once; computed f32
     tiles (the FLCE gradient G) and f32 data are split into hi + lo (f32-level accuracy)."""
     calls = _tc_calls(sources["cuda/fused_linear_cross_entropy_loss_grad.cu"])
-    assert calls and all(calls.values())
+    calls = {name: got for name, got in calls.items() if got}  # (the masked_target check has no GEMM)
+    assert len(calls) >= 2 * 8, sorted(calls)  # the row and column pass of each instance
     for name, got in calls.items():
         # memory-saving kernels: logits X_i W_j^T (exact x exact), then G W_j or G^T X_i
         want = [("false", "false"), ("true", "false")] if "softmax" not in name else [("true", "false")]

@@ -229,9 +229,10 @@ def test_select_condition_not_bool():
 
 
 def test_check_condition_and_status():
-    c, s = values(((), "i64"), ((), "bool"))
-    rejects(ir.CheckOp(c, "msg"), r"condition must be a bool scalar")
-    rejects(ir.CheckOp(s, "msg", "index"), r"status must be 'param' or 'shape'")
+    c, s, t = values(((), "i64"), ((), "bool"), (("N",), "bool"))
+    rejects(ir.CheckOp(c, "msg"), r"condition must be a bool tensor")
+    rejects(ir.CheckOp(s, "msg", "strides"), r"status must be one of \('param', 'shape', 'index'\)")
+    ir.CheckOp(t, "every element must hold", "index").verify()  # a check on a bool tensor
 
 
 def test_unpack_bits_dtype():

@@ -3,7 +3,7 @@
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f16_bf16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -12,7 +12,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7 * st_indices_0];
+        const uint32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -26,42 +26,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f16_bf16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29 * st_grad_1]);
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = opgen_f32_to_bf16(v43);
             }
         }
         __syncthreads();
@@ -72,14 +76,17 @@ static void k_embedding_bw_u32_f16_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -87,7 +94,7 @@ static void k_embedding_bw_u32_f16_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -119,25 +126,28 @@ static opgen_status_t k_embedding_bw_u32_f16_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_u32_f16_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_u32_f16_bf16_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_u32_f16_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_u32_f16_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f16_bf16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f16_bf16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -145,7 +155,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7];
+        const uint32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -159,63 +169,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f16_bf16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 8u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec30 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = opgen_bf16_to_f32(vec30.v[vj35]);
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29]);
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<uint16_t, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<uint16_t, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = opgen_f32_to_bf16(v46);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = opgen_f32_to_bf16(v47);
                 }
             }
         }
@@ -236,19 +250,22 @@ static opgen_status_t k_embedding_bw_u32_f16_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_u32_f16_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_u32_f16_bf16_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_u32_f16_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_u32_f16_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f16_bf16_u");
 }
 
@@ -260,7 +277,7 @@ static opgen_status_t k_embedding_bw_u32_f16_bf16(const opgen_buf_t *bufs, const
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f16_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -269,7 +286,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7 * st_indices_0];
+        const uint32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -283,42 +300,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f16_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = p_grad[v27 * st_grad_0 + i29 * st_grad_1];
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = v43;
             }
         }
         __syncthreads();
@@ -329,14 +350,17 @@ static void k_embedding_bw_u32_f16_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -344,7 +368,7 @@ static void k_embedding_bw_u32_f16_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -376,25 +400,28 @@ static opgen_status_t k_embedding_bw_u32_f16_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_u32_f16_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_u32_f16_f32_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_u32_f16_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_u32_f16_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f16_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f16_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -402,7 +429,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7];
+        const uint32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -416,63 +443,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f16_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 16u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = vec27.v[vj32];
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = vec30.v[vj35];
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = grad[v24 * st_grad_0 + i26];
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = p_grad[v27 * st_grad_0 + i29];
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<float, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<float, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = v43;
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = v46;
                 }
-                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<float, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = v44;
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = v47;
                 }
             }
         }
@@ -493,19 +524,22 @@ static opgen_status_t k_embedding_bw_u32_f16_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_u32_f16_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_u32_f16_f32_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_u32_f16_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_u32_f16_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f16_f32_u");
 }
 
@@ -517,7 +551,7 @@ static opgen_status_t k_embedding_bw_u32_f16_f32(const opgen_buf_t *bufs, const 
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_bf16_bf16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -526,7 +560,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7 * st_indices_0];
+        const uint32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -540,42 +574,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_bf16_bf16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29 * st_grad_1]);
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = opgen_f32_to_bf16(v43);
             }
         }
         __syncthreads();
@@ -586,14 +624,17 @@ static void k_embedding_bw_u32_bf16_bf16_layout(const int64_t *dims, char *ws, c
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -601,7 +642,7 @@ static void k_embedding_bw_u32_bf16_bf16_layout(const int64_t *dims, char *ws, c
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -633,25 +674,28 @@ static opgen_status_t k_embedding_bw_u32_bf16_bf16_g(const opgen_buf_t *bufs, co
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_u32_bf16_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_u32_bf16_bf16_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_u32_bf16_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_u32_bf16_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_bf16_bf16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_bf16_bf16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -659,7 +703,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7];
+        const uint32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -673,63 +717,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_bf16_bf16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 8u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec30 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = opgen_bf16_to_f32(vec30.v[vj35]);
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29]);
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<uint16_t, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<uint16_t, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = opgen_f32_to_bf16(v46);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = opgen_f32_to_bf16(v47);
                 }
             }
         }
@@ -750,19 +798,22 @@ static opgen_status_t k_embedding_bw_u32_bf16_bf16_u(const opgen_buf_t *bufs, co
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_u32_bf16_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_u32_bf16_bf16_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_u32_bf16_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_u32_bf16_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_bf16_bf16_u");
 }
 
@@ -774,7 +825,7 @@ static opgen_status_t k_embedding_bw_u32_bf16_bf16(const opgen_buf_t *bufs, cons
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_bf16_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -783,7 +834,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7 * st_indices_0];
+        const uint32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -797,42 +848,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_bf16_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = p_grad[v27 * st_grad_0 + i29 * st_grad_1];
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = v43;
             }
         }
         __syncthreads();
@@ -843,14 +898,17 @@ static void k_embedding_bw_u32_bf16_f32_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -858,7 +916,7 @@ static void k_embedding_bw_u32_bf16_f32_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -890,25 +948,28 @@ static opgen_status_t k_embedding_bw_u32_bf16_f32_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_u32_bf16_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_u32_bf16_f32_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_u32_bf16_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_u32_bf16_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_bf16_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_bf16_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -916,7 +977,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7];
+        const uint32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -930,63 +991,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_bf16_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 16u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = vec27.v[vj32];
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = vec30.v[vj35];
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = grad[v24 * st_grad_0 + i26];
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = p_grad[v27 * st_grad_0 + i29];
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<float, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<float, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = v43;
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = v46;
                 }
-                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<float, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = v44;
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = v47;
                 }
             }
         }
@@ -1007,19 +1072,22 @@ static opgen_status_t k_embedding_bw_u32_bf16_f32_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_u32_bf16_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_u32_bf16_f32_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_u32_bf16_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_u32_bf16_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_bf16_f32_u");
 }
 
@@ -1031,7 +1099,7 @@ static opgen_status_t k_embedding_bw_u32_bf16_f32(const opgen_buf_t *bufs, const
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f32_bf16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -1040,7 +1108,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7 * st_indices_0];
+        const uint32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -1054,42 +1122,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f32_bf16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29 * st_grad_1]);
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = opgen_f32_to_bf16(v43);
             }
         }
         __syncthreads();
@@ -1100,14 +1172,17 @@ static void k_embedding_bw_u32_f32_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -1115,7 +1190,7 @@ static void k_embedding_bw_u32_f32_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1147,25 +1222,28 @@ static opgen_status_t k_embedding_bw_u32_f32_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_u32_f32_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_u32_f32_bf16_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_u32_f32_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_u32_f32_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f32_bf16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f32_bf16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -1173,7 +1251,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7];
+        const uint32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -1187,63 +1265,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f32_bf16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 8u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec30 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = opgen_bf16_to_f32(vec30.v[vj35]);
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29]);
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<uint16_t, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<uint16_t, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = opgen_f32_to_bf16(v46);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = opgen_f32_to_bf16(v47);
                 }
             }
         }
@@ -1264,19 +1346,22 @@ static opgen_status_t k_embedding_bw_u32_f32_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_u32_f32_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_u32_f32_bf16_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_u32_f32_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_u32_f32_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f32_bf16_u");
 }
 
@@ -1288,7 +1373,7 @@ static opgen_status_t k_embedding_bw_u32_f32_bf16(const opgen_buf_t *bufs, const
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f32_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -1297,7 +1382,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7 * st_indices_0];
+        const uint32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -1311,42 +1396,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f32_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = p_grad[v27 * st_grad_0 + i29 * st_grad_1];
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = v43;
             }
         }
         __syncthreads();
@@ -1357,14 +1446,17 @@ static void k_embedding_bw_u32_f32_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -1372,7 +1464,7 @@ static void k_embedding_bw_u32_f32_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1404,25 +1496,28 @@ static opgen_status_t k_embedding_bw_u32_f32_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_u32_f32_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_u32_f32_f32_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_u32_f32_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_u32_f32_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f32_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f32_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -1430,7 +1525,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7];
+        const uint32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -1444,63 +1539,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f32_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 16u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = vec27.v[vj32];
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = vec30.v[vj35];
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = grad[v24 * st_grad_0 + i26];
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = p_grad[v27 * st_grad_0 + i29];
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<float, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<float, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = v43;
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = v46;
                 }
-                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<float, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = v44;
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = v47;
                 }
             }
         }
@@ -1521,19 +1620,22 @@ static opgen_status_t k_embedding_bw_u32_f32_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_u32_f32_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_u32_f32_f32_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_u32_f32_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_u32_f32_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f32_f32_u");
 }
 
@@ -1545,7 +1647,7 @@ static opgen_status_t k_embedding_bw_u32_f32_f32(const opgen_buf_t *bufs, const 
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f64_bf16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -1554,7 +1656,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7 * st_indices_0];
+        const uint32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -1568,42 +1670,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f64_bf16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29 * st_grad_1]);
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = opgen_f32_to_bf16(v43);
             }
         }
         __syncthreads();
@@ -1614,14 +1720,17 @@ static void k_embedding_bw_u32_f64_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -1629,7 +1738,7 @@ static void k_embedding_bw_u32_f64_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1661,25 +1770,28 @@ static opgen_status_t k_embedding_bw_u32_f64_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_u32_f64_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_u32_f64_bf16_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_u32_f64_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_u32_f64_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f64_bf16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f64_bf16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -1687,7 +1799,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7];
+        const uint32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -1701,63 +1813,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f64_bf16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 8u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec30 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = opgen_bf16_to_f32(vec30.v[vj35]);
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29]);
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<uint16_t, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<uint16_t, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = opgen_f32_to_bf16(v46);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = opgen_f32_to_bf16(v47);
                 }
             }
         }
@@ -1778,19 +1894,22 @@ static opgen_status_t k_embedding_bw_u32_f64_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_u32_f64_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_u32_f64_bf16_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_u32_f64_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_u32_f64_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f64_bf16_u");
 }
 
@@ -1802,7 +1921,7 @@ static opgen_status_t k_embedding_bw_u32_f64_bf16(const opgen_buf_t *bufs, const
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f64_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -1811,7 +1930,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7 * st_indices_0];
+        const uint32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -1825,42 +1944,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f64_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = p_grad[v27 * st_grad_0 + i29 * st_grad_1];
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = v43;
             }
         }
         __syncthreads();
@@ -1871,14 +1994,17 @@ static void k_embedding_bw_u32_f64_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -1886,7 +2012,7 @@ static void k_embedding_bw_u32_f64_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1918,25 +2044,28 @@ static opgen_status_t k_embedding_bw_u32_f64_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_u32_f64_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_u32_f64_f32_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_u32_f64_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_u32_f64_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f64_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f64_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint32_t *__restrict__ indices = (const uint32_t *)a.bufs[0].data;
+    const uint32_t *__restrict__ p_indices = (const uint32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -1944,7 +2073,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint32_t v8 = indices[i7];
+        const uint32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -1958,63 +2087,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_u32_f64_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 16u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = vec27.v[vj32];
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = vec30.v[vj35];
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = grad[v24 * st_grad_0 + i26];
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = p_grad[v27 * st_grad_0 + i29];
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<float, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<float, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = v43;
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = v46;
                 }
-                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<float, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = v44;
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = v47;
                 }
             }
         }
@@ -2035,19 +2168,22 @@ static opgen_status_t k_embedding_bw_u32_f64_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_u32_f64_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_u32_f64_f32_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_u32_f64_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_u32_f64_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f64_f32_u");
 }
 
@@ -2059,7 +2195,7 @@ static opgen_status_t k_embedding_bw_u32_f64_f32(const opgen_buf_t *bufs, const 
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f16_bf16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -2068,7 +2204,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7 * st_indices_0];
+        const int32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -2082,42 +2218,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f16_bf16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29 * st_grad_1]);
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = opgen_f32_to_bf16(v43);
             }
         }
         __syncthreads();
@@ -2128,14 +2268,17 @@ static void k_embedding_bw_i32_f16_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -2143,7 +2286,7 @@ static void k_embedding_bw_i32_f16_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2175,25 +2318,28 @@ static opgen_status_t k_embedding_bw_i32_f16_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i32_f16_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i32_f16_bf16_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i32_f16_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i32_f16_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f16_bf16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f16_bf16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -2201,7 +2347,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7];
+        const int32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -2215,63 +2361,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f16_bf16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 8u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec30 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = opgen_bf16_to_f32(vec30.v[vj35]);
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29]);
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<uint16_t, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<uint16_t, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = opgen_f32_to_bf16(v46);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = opgen_f32_to_bf16(v47);
                 }
             }
         }
@@ -2292,19 +2442,22 @@ static opgen_status_t k_embedding_bw_i32_f16_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i32_f16_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i32_f16_bf16_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i32_f16_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i32_f16_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f16_bf16_u");
 }
 
@@ -2316,7 +2469,7 @@ static opgen_status_t k_embedding_bw_i32_f16_bf16(const opgen_buf_t *bufs, const
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f16_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -2325,7 +2478,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7 * st_indices_0];
+        const int32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -2339,42 +2492,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f16_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = p_grad[v27 * st_grad_0 + i29 * st_grad_1];
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = v43;
             }
         }
         __syncthreads();
@@ -2385,14 +2542,17 @@ static void k_embedding_bw_i32_f16_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -2400,7 +2560,7 @@ static void k_embedding_bw_i32_f16_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2432,25 +2592,28 @@ static opgen_status_t k_embedding_bw_i32_f16_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i32_f16_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i32_f16_f32_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i32_f16_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i32_f16_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f16_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f16_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -2458,7 +2621,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7];
+        const int32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -2472,63 +2635,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f16_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 16u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = vec27.v[vj32];
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = vec30.v[vj35];
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = grad[v24 * st_grad_0 + i26];
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = p_grad[v27 * st_grad_0 + i29];
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<float, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<float, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = v43;
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = v46;
                 }
-                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<float, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = v44;
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = v47;
                 }
             }
         }
@@ -2549,19 +2716,22 @@ static opgen_status_t k_embedding_bw_i32_f16_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i32_f16_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i32_f16_f32_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i32_f16_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i32_f16_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f16_f32_u");
 }
 
@@ -2573,7 +2743,7 @@ static opgen_status_t k_embedding_bw_i32_f16_f32(const opgen_buf_t *bufs, const 
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_bf16_bf16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -2582,7 +2752,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7 * st_indices_0];
+        const int32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -2596,42 +2766,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_bf16_bf16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29 * st_grad_1]);
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = opgen_f32_to_bf16(v43);
             }
         }
         __syncthreads();
@@ -2642,14 +2816,17 @@ static void k_embedding_bw_i32_bf16_bf16_layout(const int64_t *dims, char *ws, c
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -2657,7 +2834,7 @@ static void k_embedding_bw_i32_bf16_bf16_layout(const int64_t *dims, char *ws, c
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2689,25 +2866,28 @@ static opgen_status_t k_embedding_bw_i32_bf16_bf16_g(const opgen_buf_t *bufs, co
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i32_bf16_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i32_bf16_bf16_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i32_bf16_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i32_bf16_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_bf16_bf16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_bf16_bf16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -2715,7 +2895,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7];
+        const int32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -2729,63 +2909,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_bf16_bf16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 8u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec30 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = opgen_bf16_to_f32(vec30.v[vj35]);
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29]);
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<uint16_t, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<uint16_t, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = opgen_f32_to_bf16(v46);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = opgen_f32_to_bf16(v47);
                 }
             }
         }
@@ -2806,19 +2990,22 @@ static opgen_status_t k_embedding_bw_i32_bf16_bf16_u(const opgen_buf_t *bufs, co
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i32_bf16_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i32_bf16_bf16_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i32_bf16_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i32_bf16_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_bf16_bf16_u");
 }
 
@@ -2830,7 +3017,7 @@ static opgen_status_t k_embedding_bw_i32_bf16_bf16(const opgen_buf_t *bufs, cons
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_bf16_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -2839,7 +3026,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7 * st_indices_0];
+        const int32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -2853,42 +3040,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_bf16_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = p_grad[v27 * st_grad_0 + i29 * st_grad_1];
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = v43;
             }
         }
         __syncthreads();
@@ -2899,14 +3090,17 @@ static void k_embedding_bw_i32_bf16_f32_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -2914,7 +3108,7 @@ static void k_embedding_bw_i32_bf16_f32_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2946,25 +3140,28 @@ static opgen_status_t k_embedding_bw_i32_bf16_f32_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i32_bf16_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i32_bf16_f32_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i32_bf16_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i32_bf16_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_bf16_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_bf16_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -2972,7 +3169,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7];
+        const int32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -2986,63 +3183,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_bf16_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 16u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = vec27.v[vj32];
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = vec30.v[vj35];
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = grad[v24 * st_grad_0 + i26];
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = p_grad[v27 * st_grad_0 + i29];
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<float, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<float, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = v43;
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = v46;
                 }
-                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<float, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = v44;
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = v47;
                 }
             }
         }
@@ -3063,19 +3264,22 @@ static opgen_status_t k_embedding_bw_i32_bf16_f32_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i32_bf16_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i32_bf16_f32_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i32_bf16_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i32_bf16_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_bf16_f32_u");
 }
 
@@ -3087,7 +3291,7 @@ static opgen_status_t k_embedding_bw_i32_bf16_f32(const opgen_buf_t *bufs, const
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f32_bf16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -3096,7 +3300,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7 * st_indices_0];
+        const int32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -3110,42 +3314,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f32_bf16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29 * st_grad_1]);
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = opgen_f32_to_bf16(v43);
             }
         }
         __syncthreads();
@@ -3156,14 +3364,17 @@ static void k_embedding_bw_i32_f32_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -3171,7 +3382,7 @@ static void k_embedding_bw_i32_f32_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -3203,25 +3414,28 @@ static opgen_status_t k_embedding_bw_i32_f32_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i32_f32_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i32_f32_bf16_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i32_f32_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i32_f32_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f32_bf16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f32_bf16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -3229,7 +3443,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7];
+        const int32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -3243,63 +3457,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f32_bf16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 8u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec30 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = opgen_bf16_to_f32(vec30.v[vj35]);
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29]);
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<uint16_t, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<uint16_t, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = opgen_f32_to_bf16(v46);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = opgen_f32_to_bf16(v47);
                 }
             }
         }
@@ -3320,19 +3538,22 @@ static opgen_status_t k_embedding_bw_i32_f32_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i32_f32_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i32_f32_bf16_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i32_f32_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i32_f32_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f32_bf16_u");
 }
 
@@ -3344,7 +3565,7 @@ static opgen_status_t k_embedding_bw_i32_f32_bf16(const opgen_buf_t *bufs, const
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f32_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -3353,7 +3574,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7 * st_indices_0];
+        const int32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -3367,42 +3588,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f32_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = p_grad[v27 * st_grad_0 + i29 * st_grad_1];
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = v43;
             }
         }
         __syncthreads();
@@ -3413,14 +3638,17 @@ static void k_embedding_bw_i32_f32_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -3428,7 +3656,7 @@ static void k_embedding_bw_i32_f32_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -3460,25 +3688,28 @@ static opgen_status_t k_embedding_bw_i32_f32_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i32_f32_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i32_f32_f32_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i32_f32_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i32_f32_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f32_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f32_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -3486,7 +3717,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7];
+        const int32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -3500,63 +3731,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f32_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 16u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = vec27.v[vj32];
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = vec30.v[vj35];
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = grad[v24 * st_grad_0 + i26];
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = p_grad[v27 * st_grad_0 + i29];
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<float, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<float, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = v43;
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = v46;
                 }
-                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<float, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = v44;
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = v47;
                 }
             }
         }
@@ -3577,19 +3812,22 @@ static opgen_status_t k_embedding_bw_i32_f32_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i32_f32_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i32_f32_f32_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i32_f32_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i32_f32_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f32_f32_u");
 }
 
@@ -3601,7 +3839,7 @@ static opgen_status_t k_embedding_bw_i32_f32_f32(const opgen_buf_t *bufs, const 
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f64_bf16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -3610,7 +3848,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7 * st_indices_0];
+        const int32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -3624,42 +3862,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f64_bf16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29 * st_grad_1]);
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = opgen_f32_to_bf16(v43);
             }
         }
         __syncthreads();
@@ -3670,14 +3912,17 @@ static void k_embedding_bw_i32_f64_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -3685,7 +3930,7 @@ static void k_embedding_bw_i32_f64_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -3717,25 +3962,28 @@ static opgen_status_t k_embedding_bw_i32_f64_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i32_f64_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i32_f64_bf16_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i32_f64_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i32_f64_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f64_bf16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f64_bf16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -3743,7 +3991,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7];
+        const int32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -3757,63 +4005,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f64_bf16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 8u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec30 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = opgen_bf16_to_f32(vec30.v[vj35]);
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29]);
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<uint16_t, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<uint16_t, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = opgen_f32_to_bf16(v46);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = opgen_f32_to_bf16(v47);
                 }
             }
         }
@@ -3834,19 +4086,22 @@ static opgen_status_t k_embedding_bw_i32_f64_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i32_f64_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i32_f64_bf16_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i32_f64_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i32_f64_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f64_bf16_u");
 }
 
@@ -3858,7 +4113,7 @@ static opgen_status_t k_embedding_bw_i32_f64_bf16(const opgen_buf_t *bufs, const
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f64_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -3867,7 +4122,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7 * st_indices_0];
+        const int32_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -3881,42 +4136,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f64_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = p_grad[v27 * st_grad_0 + i29 * st_grad_1];
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = v43;
             }
         }
         __syncthreads();
@@ -3927,14 +4186,17 @@ static void k_embedding_bw_i32_f64_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -3942,7 +4204,7 @@ static void k_embedding_bw_i32_f64_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -3974,25 +4236,28 @@ static opgen_status_t k_embedding_bw_i32_f64_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i32_f64_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i32_f64_f32_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i32_f64_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i32_f64_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f64_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f64_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[0].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -4000,7 +4265,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v8 = indices[i7];
+        const int32_t v8 = p_indices[i7];
         const int64_t v9 = (int64_t)(v8);
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -4014,63 +4279,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i32_f64_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 16u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = vec27.v[vj32];
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = vec30.v[vj35];
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = grad[v24 * st_grad_0 + i26];
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = p_grad[v27 * st_grad_0 + i29];
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<float, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<float, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = v43;
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = v46;
                 }
-                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<float, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = v44;
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = v47;
                 }
             }
         }
@@ -4091,19 +4360,22 @@ static opgen_status_t k_embedding_bw_i32_f64_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i32_f64_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i32_f64_f32_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i32_f64_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i32_f64_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f64_f32_u");
 }
 
@@ -4115,7 +4387,7 @@ static opgen_status_t k_embedding_bw_i32_f64_f32(const opgen_buf_t *bufs, const 
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f16_bf16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -4124,7 +4396,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7 * st_indices_0];
+        const int64_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -4138,42 +4410,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f16_bf16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29 * st_grad_1]);
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = opgen_f32_to_bf16(v43);
             }
         }
         __syncthreads();
@@ -4184,14 +4460,17 @@ static void k_embedding_bw_i64_f16_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -4199,7 +4478,7 @@ static void k_embedding_bw_i64_f16_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -4231,25 +4510,28 @@ static opgen_status_t k_embedding_bw_i64_f16_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i64_f16_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i64_f16_bf16_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i64_f16_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i64_f16_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f16_bf16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f16_bf16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -4257,7 +4539,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7];
+        const int64_t v8 = p_indices[i7];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -4271,63 +4553,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f16_bf16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 8u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec30 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = opgen_bf16_to_f32(vec30.v[vj35]);
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29]);
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<uint16_t, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<uint16_t, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = opgen_f32_to_bf16(v46);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = opgen_f32_to_bf16(v47);
                 }
             }
         }
@@ -4348,19 +4634,22 @@ static opgen_status_t k_embedding_bw_i64_f16_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i64_f16_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i64_f16_bf16_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i64_f16_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i64_f16_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f16_bf16_u");
 }
 
@@ -4372,7 +4661,7 @@ static opgen_status_t k_embedding_bw_i64_f16_bf16(const opgen_buf_t *bufs, const
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f16_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -4381,7 +4670,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7 * st_indices_0];
+        const int64_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -4395,42 +4684,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f16_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = p_grad[v27 * st_grad_0 + i29 * st_grad_1];
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = v43;
             }
         }
         __syncthreads();
@@ -4441,14 +4734,17 @@ static void k_embedding_bw_i64_f16_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -4456,7 +4752,7 @@ static void k_embedding_bw_i64_f16_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -4488,25 +4784,28 @@ static opgen_status_t k_embedding_bw_i64_f16_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i64_f16_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i64_f16_f32_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i64_f16_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i64_f16_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f16_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f16_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -4514,7 +4813,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7];
+        const int64_t v8 = p_indices[i7];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -4528,63 +4827,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f16_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 16u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = vec27.v[vj32];
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = vec30.v[vj35];
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = grad[v24 * st_grad_0 + i26];
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = p_grad[v27 * st_grad_0 + i29];
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<float, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<float, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = v43;
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = v46;
                 }
-                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<float, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = v44;
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = v47;
                 }
             }
         }
@@ -4605,19 +4908,22 @@ static opgen_status_t k_embedding_bw_i64_f16_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i64_f16_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i64_f16_f32_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i64_f16_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i64_f16_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f16_f32_u");
 }
 
@@ -4629,7 +4935,7 @@ static opgen_status_t k_embedding_bw_i64_f16_f32(const opgen_buf_t *bufs, const 
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_bf16_bf16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -4638,7 +4944,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7 * st_indices_0];
+        const int64_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -4652,42 +4958,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_bf16_bf16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29 * st_grad_1]);
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = opgen_f32_to_bf16(v43);
             }
         }
         __syncthreads();
@@ -4698,14 +5008,17 @@ static void k_embedding_bw_i64_bf16_bf16_layout(const int64_t *dims, char *ws, c
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -4713,7 +5026,7 @@ static void k_embedding_bw_i64_bf16_bf16_layout(const int64_t *dims, char *ws, c
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -4745,25 +5058,28 @@ static opgen_status_t k_embedding_bw_i64_bf16_bf16_g(const opgen_buf_t *bufs, co
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i64_bf16_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i64_bf16_bf16_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i64_bf16_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i64_bf16_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_bf16_bf16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_bf16_bf16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -4771,7 +5087,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7];
+        const int64_t v8 = p_indices[i7];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -4785,63 +5101,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_bf16_bf16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 8u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec30 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = opgen_bf16_to_f32(vec30.v[vj35]);
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29]);
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<uint16_t, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<uint16_t, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = opgen_f32_to_bf16(v46);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = opgen_f32_to_bf16(v47);
                 }
             }
         }
@@ -4862,19 +5182,22 @@ static opgen_status_t k_embedding_bw_i64_bf16_bf16_u(const opgen_buf_t *bufs, co
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i64_bf16_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i64_bf16_bf16_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i64_bf16_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i64_bf16_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_bf16_bf16_u");
 }
 
@@ -4886,7 +5209,7 @@ static opgen_status_t k_embedding_bw_i64_bf16_bf16(const opgen_buf_t *bufs, cons
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_bf16_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -4895,7 +5218,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7 * st_indices_0];
+        const int64_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -4909,42 +5232,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_bf16_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = p_grad[v27 * st_grad_0 + i29 * st_grad_1];
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = v43;
             }
         }
         __syncthreads();
@@ -4955,14 +5282,17 @@ static void k_embedding_bw_i64_bf16_f32_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -4970,7 +5300,7 @@ static void k_embedding_bw_i64_bf16_f32_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -5002,25 +5332,28 @@ static opgen_status_t k_embedding_bw_i64_bf16_f32_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i64_bf16_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i64_bf16_f32_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i64_bf16_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i64_bf16_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_bf16_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_bf16_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -5028,7 +5361,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7];
+        const int64_t v8 = p_indices[i7];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -5042,63 +5375,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_bf16_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 16u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = vec27.v[vj32];
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = vec30.v[vj35];
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = grad[v24 * st_grad_0 + i26];
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = p_grad[v27 * st_grad_0 + i29];
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<float, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<float, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = v43;
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = v46;
                 }
-                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<float, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = v44;
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = v47;
                 }
             }
         }
@@ -5119,19 +5456,22 @@ static opgen_status_t k_embedding_bw_i64_bf16_f32_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i64_bf16_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i64_bf16_f32_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i64_bf16_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i64_bf16_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_bf16_f32_u");
 }
 
@@ -5143,7 +5483,7 @@ static opgen_status_t k_embedding_bw_i64_bf16_f32(const opgen_buf_t *bufs, const
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f32_bf16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -5152,7 +5492,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7 * st_indices_0];
+        const int64_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -5166,42 +5506,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f32_bf16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29 * st_grad_1]);
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = opgen_f32_to_bf16(v43);
             }
         }
         __syncthreads();
@@ -5212,14 +5556,17 @@ static void k_embedding_bw_i64_f32_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -5227,7 +5574,7 @@ static void k_embedding_bw_i64_f32_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -5259,25 +5606,28 @@ static opgen_status_t k_embedding_bw_i64_f32_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i64_f32_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i64_f32_bf16_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i64_f32_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i64_f32_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f32_bf16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f32_bf16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -5285,7 +5635,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7];
+        const int64_t v8 = p_indices[i7];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -5299,63 +5649,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f32_bf16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 8u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec30 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = opgen_bf16_to_f32(vec30.v[vj35]);
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29]);
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<uint16_t, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<uint16_t, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = opgen_f32_to_bf16(v46);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = opgen_f32_to_bf16(v47);
                 }
             }
         }
@@ -5376,19 +5730,22 @@ static opgen_status_t k_embedding_bw_i64_f32_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i64_f32_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i64_f32_bf16_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i64_f32_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i64_f32_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f32_bf16_u");
 }
 
@@ -5400,7 +5757,7 @@ static opgen_status_t k_embedding_bw_i64_f32_bf16(const opgen_buf_t *bufs, const
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f32_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -5409,7 +5766,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7 * st_indices_0];
+        const int64_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -5423,42 +5780,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f32_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = p_grad[v27 * st_grad_0 + i29 * st_grad_1];
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = v43;
             }
         }
         __syncthreads();
@@ -5469,14 +5830,17 @@ static void k_embedding_bw_i64_f32_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -5484,7 +5848,7 @@ static void k_embedding_bw_i64_f32_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -5516,25 +5880,28 @@ static opgen_status_t k_embedding_bw_i64_f32_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i64_f32_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i64_f32_f32_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i64_f32_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i64_f32_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f32_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f32_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -5542,7 +5909,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7];
+        const int64_t v8 = p_indices[i7];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -5556,63 +5923,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f32_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 16u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = vec27.v[vj32];
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = vec30.v[vj35];
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = grad[v24 * st_grad_0 + i26];
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = p_grad[v27 * st_grad_0 + i29];
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<float, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<float, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = v43;
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = v46;
                 }
-                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<float, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = v44;
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = v47;
                 }
             }
         }
@@ -5633,19 +6004,22 @@ static opgen_status_t k_embedding_bw_i64_f32_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i64_f32_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i64_f32_f32_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i64_f32_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i64_f32_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f32_f32_u");
 }
 
@@ -5657,7 +6031,7 @@ static opgen_status_t k_embedding_bw_i64_f32_f32(const opgen_buf_t *bufs, const 
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f64_bf16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -5666,7 +6040,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7 * st_indices_0];
+        const int64_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -5680,42 +6054,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f64_bf16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26 * st_grad_1]);
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29 * st_grad_1]);
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = opgen_f32_to_bf16(v40);
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = opgen_f32_to_bf16(v43);
             }
         }
         __syncthreads();
@@ -5726,14 +6104,17 @@ static void k_embedding_bw_i64_f64_bf16_layout(const int64_t *dims, char *ws, ch
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -5741,7 +6122,7 @@ static void k_embedding_bw_i64_f64_bf16_layout(const int64_t *dims, char *ws, ch
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -5773,25 +6154,28 @@ static opgen_status_t k_embedding_bw_i64_f64_bf16_g(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i64_f64_bf16_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i64_f64_bf16_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i64_f64_bf16_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i64_f64_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f64_bf16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f64_bf16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -5799,7 +6183,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7];
+        const int64_t v8 = p_indices[i7];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -5813,63 +6197,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f64_bf16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[3].data;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<uint16_t, 4> vec27 = *(const opgen_vec<uint16_t, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 8u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec30 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = opgen_bf16_to_f32(vec27.v[vj32]);
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = opgen_bf16_to_f32(vec30.v[vj35]);
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = opgen_bf16_to_f32(grad[v24 * st_grad_0 + i26]);
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29]);
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<uint16_t, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<uint16_t, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = opgen_f32_to_bf16(v43);
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = opgen_f32_to_bf16(v46);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = opgen_f32_to_bf16(v44);
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = opgen_f32_to_bf16(v47);
                 }
             }
         }
@@ -5890,19 +6278,22 @@ static opgen_status_t k_embedding_bw_i64_f64_bf16_u(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i64_f64_bf16_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i64_f64_bf16_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i64_f64_bf16_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i64_f64_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f64_bf16_u");
 }
 
@@ -5914,7 +6305,7 @@ static opgen_status_t k_embedding_bw_i64_f64_bf16(const opgen_buf_t *bufs, const
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f64_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t st_indices_0 = a.bufs[0].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
@@ -5923,7 +6314,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7 * st_indices_0];
+        const int64_t v8 = p_indices[i7 * st_indices_0];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -5937,42 +6328,46 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f64_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
     const int64_t st_grad_1 = a.bufs[2].st[1];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
     const int64_t st_out_1 = a.bufs[3].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                    const float v32 = grad[v24 * st_grad_0 + i26 * st_grad_1];
-                    l18[i26] += v32;
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                    const float v35 = p_grad[v27 * st_grad_0 + i29 * st_grad_1];
+                    l21[i29] += v35;
                 }
             }
         }
-        for (int64_t vq39 = threadIdx.x; v13 + vq39 * 4 < v16; vq39 += OPGEN_CUDA_THREADS) {
-            const int64_t vb38 = v13 + vq39 * 4;
-            for (int64_t i34 = vb38; i34 < vb38 + 4 && i34 < v16; i34++) {
-                const float v40 = l18[i34];
-                out[i17 * st_out_0 + i34 * st_out_1] = v40;
+        for (int64_t vq42 = threadIdx.x; v14 + vq42 * 4 < v13; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v14 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v13; i37++) {
+                const float v43 = l21[i37];
+                p_out[i20 * st_out_0 + i37 * st_out_1] = v43;
             }
         }
         __syncthreads();
@@ -5983,14 +6378,17 @@ static void k_embedding_bw_i64_f64_f32_layout(const int64_t *dims, char *ws, cha
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v41 = 0ll;
-    const int64_t v42 = d_V;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v42 - v41, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v44 = d_D;
+    const int64_t v45 = 0ll;
+    const bool v46 = v44 == v45;
+    const int64_t v47 = d_V;
+    const int64_t v48 = v46 ? v45 : v47;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
@@ -5998,7 +6396,7 @@ static void k_embedding_bw_i64_f64_f32_layout(const int64_t *dims, char *ws, cha
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v42));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -6030,25 +6428,28 @@ static opgen_status_t k_embedding_bw_i64_f64_f32_g(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_N;
-    const int64_t v45 = 0ll;
-    const int64_t v46 = d_V;
-    const int64_t grid47 = opgen_cuda_grid((v44 - v43 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid47 > 0) k_embedding_bw_i64_f64_f32_g_k0<<<(unsigned)grid47, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = 0ll;
+    const int64_t v50 = d_N;
+    const int64_t v51 = d_D;
+    const int64_t v52 = 0ll;
+    const bool v53 = v51 == v52;
+    const int64_t v54 = d_V;
+    const int64_t v55 = v53 ? v52 : v54;
+    const int64_t grid56 = opgen_cuda_grid((v50 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid56 > 0) k_embedding_bw_i64_f64_f32_g_k0<<<(unsigned)grid56, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v46, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v46), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid48 = opgen_cuda_grid(v46 - v45, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid48 > 0) k_embedding_bw_i64_f64_f32_g_k1<<<(unsigned)grid48, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid57 > 0) k_embedding_bw_i64_f64_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f64_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f64_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[0].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[0].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
@@ -6056,7 +6457,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
     const int64_t v5 = d_N;
     const int64_t v6 = d_V;
     for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v8 = indices[i7];
+        const int64_t v8 = p_indices[i7];
         const int64_t v9 = v8;
         const bool v10 = v9 >= v4;
         const bool v11 = v9 < v6;
@@ -6070,63 +6471,67 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_i64_f64_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[2].data;
     const int64_t st_grad_0 = a.bufs[2].st[0];
-    float *__restrict__ out = (float *)a.bufs[3].data;
+    float *__restrict__ p_out = (float *)a.bufs[3].data;
     const int64_t st_out_0 = a.bufs[3].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v13 = 0ll;
-    const int64_t v14 = d_V;
-    const int64_t v15 = 1ll;
-    const int64_t v16 = d_D;
-    for (int64_t i17 = v13 + (int64_t)blockIdx.x; i17 < v14; i17 += (int64_t)gridDim.x) {
-        float *__restrict__ l18 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    for (int64_t i20 = v14 + (int64_t)blockIdx.x; i20 < v17; i20 += (int64_t)gridDim.x) {
+        float *__restrict__ l21 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z19 = threadIdx.x * 4; z19 < (size_t)d_D; z19 += OPGEN_CUDA_THREADS * 4) for (size_t z19j = z19; z19j < z19 + 4 && z19j < (size_t)d_D; z19j++) l18[z19j] = (float)0;
-        const int64_t v20 = t2[i17];
-        const int64_t v21 = i17 + v15;
-        const int64_t v22 = t2[v21];
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t3[i23];
-            const bool vok29 = ((uintptr_t)&grad[v24 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l18[v13] % 16u == 0);
-            for (int64_t vq31 = threadIdx.x; v13 + vq31 * 4 < v16; vq31 += OPGEN_CUDA_THREADS) {
-                const int64_t vb30 = v13 + vq31 * 4;
-                if (vok29 && vb30 + 4 <= v16) {
-                    opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&grad[v24 * st_grad_0 + vb30];
-                    opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&l18[vb30];
+        for (size_t z22 = threadIdx.x * 4; z22 < (size_t)d_D; z22 += OPGEN_CUDA_THREADS * 4) for (size_t z22j = z22; z22j < z22 + 4 && z22j < (size_t)d_D; z22j++) l21[z22j] = (float)0;
+        const int64_t v23 = opgen_seg_start(t2, i20, v16, v18);
+        const int64_t v24 = i20 + v19;
+        const int64_t v25 = opgen_seg_start(t2, v24, v16, v18);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v14] % 16u == 0) && ((uintptr_t)&l21[v14] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v14 + vq34 * 4 < v13; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v14 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v13) {
+                    opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l21[vb33];
                     #pragma unroll
-                    for (int vj32 = 0; vj32 < 4; vj32++) {
-                        const float v33 = vec27.v[vj32];
-                        vec28.v[vj32] += v33;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = vec30.v[vj35];
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l18[vb30] = vec28;
+                    *(opgen_vec<float, 4> *)&l21[vb33] = vec31;
                 } else {
-                    for (int64_t i26 = vb30; i26 < vb30 + 4 && i26 < v16; i26++) {
-                        const float v34 = grad[v24 * st_grad_0 + i26];
-                        l18[i26] += v34;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v13; i29++) {
+                        const float v37 = p_grad[v27 * st_grad_0 + i29];
+                        l21[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok39 = ((uintptr_t)&l18[v13] % 16u == 0) && ((uintptr_t)&out[i17 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v16; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            if (vok39 && vb40 + 4 <= v16) {
-                opgen_vec<float, 4> vec37 = *(const opgen_vec<float, 4> *)&l18[vb40];
-                opgen_vec<float, 4> vec38;
+        const bool vok42 = ((uintptr_t)&l21[v14] % 16u == 0) && ((uintptr_t)&p_out[i20 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq44 = threadIdx.x; v14 + vq44 * 4 < v13; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v14 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v13) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l21[vb43];
+                opgen_vec<float, 4> vec41;
                 #pragma unroll
-                for (int vj42 = 0; vj42 < 4; vj42++) {
-                    const float v43 = vec37.v[vj42];
-                    vec38.v[vj42] = v43;
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = v46;
                 }
-                *(opgen_vec<float, 4> *)&out[i17 * st_out_0 + vb40] = vec38;
+                *(opgen_vec<float, 4> *)&p_out[i20 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v16; i36++) {
-                    const float v44 = l18[i36];
-                    out[i17 * st_out_0 + i36] = v44;
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v13; i39++) {
+                    const float v47 = l21[i39];
+                    p_out[i20 * st_out_0 + i39] = v47;
                 }
             }
         }
@@ -6147,19 +6552,22 @@ static opgen_status_t k_embedding_bw_i64_f64_f32_u(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v47 = 0ll;
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t grid51 = opgen_cuda_grid((v48 - v47 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid51 > 0) k_embedding_bw_i64_f64_f32_u_k0<<<(unsigned)grid51, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = 0ll;
+    const int64_t v54 = d_N;
+    const int64_t v55 = d_D;
+    const int64_t v56 = 0ll;
+    const bool v57 = v55 == v56;
+    const int64_t v58 = d_V;
+    const int64_t v59 = v57 ? v56 : v58;
+    const int64_t grid60 = opgen_cuda_grid((v54 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid60 > 0) k_embedding_bw_i64_f64_f32_u_k0<<<(unsigned)grid60, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid52 = opgen_cuda_grid(v50 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid52 > 0) k_embedding_bw_i64_f64_f32_u_k1<<<(unsigned)grid52, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid61 > 0) k_embedding_bw_i64_f64_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f64_f32_u");
 }
 
@@ -6207,15 +6615,15 @@ static const opgen_variant_t V_embedding_bw[] = {
 };
 static const opgen_op_t OP_embedding_bw = {"embedding_bw", 4, 3, 3, 1, 0, P_embedding_bw, D_embedding_bw, V_embedding_bw, NULL};
 extern "C" OPGEN_API opgen_status_t opgen_cuda_embedding_bw(const opgen_tensor_t *indices, const opgen_tensor_t *weight, const opgen_tensor_t *grad, const opgen_tensor_t *out, void *workspace, size_t workspace_size, void *stream) {
-    const opgen_tensor_t *t[4] = {indices, weight, grad, out};
-    opgen_scalar_t sc[4];
-    memset(sc, 0, sizeof sc);
-    return opgen_cuda_run(&OP_embedding_bw, t, sc, workspace, workspace_size, NULL, 0, stream);
+    const opgen_tensor_t *opgen_t[4] = {indices, weight, grad, out};
+    opgen_scalar_t opgen_sc[4];
+    memset(opgen_sc, 0, sizeof opgen_sc);
+    return opgen_cuda_run(&OP_embedding_bw, opgen_t, opgen_sc, workspace, workspace_size, NULL, 0, stream);
 }
 extern "C" OPGEN_API opgen_status_t opgen_cuda_embedding_bw_workspace_size(const opgen_tensor_t *indices, const opgen_tensor_t *weight, const opgen_tensor_t *grad, const opgen_tensor_t *out, size_t *size) {
-    const opgen_tensor_t *t[4] = {indices, weight, grad, out};
-    opgen_scalar_t sc[4];
-    memset(sc, 0, sizeof sc);
+    const opgen_tensor_t *opgen_t[4] = {indices, weight, grad, out};
+    opgen_scalar_t opgen_sc[4];
+    memset(opgen_sc, 0, sizeof opgen_sc);
     if (!size) return opgen_fail(OPGEN_ERR_NULL, "size is NULL");
-    return opgen_cuda_run(&OP_embedding_bw, t, sc, NULL, 0, size, 1, NULL);
+    return opgen_cuda_run(&OP_embedding_bw, opgen_t, opgen_sc, NULL, 0, size, 1, NULL);
 }

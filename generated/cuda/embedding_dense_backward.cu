@@ -3,111 +3,92 @@
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ indices = (const float *)a.bufs[1].data;
+    const float *__restrict__ p_indices = (const float *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const float v9 = indices[ro_indices[i8]];
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const float v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f32_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f32_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const float *__restrict__ indices = (const float *)a.bufs[1].data;
+    const float *__restrict__ p_indices = (const float *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const float v37 = indices[ro_indices[v36]];
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const float v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = p_grad[ro_grad[v29] + i43 * st_grad_1];
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = v61;
             }
         }
         __syncthreads();
@@ -118,29 +99,30 @@ static void k_embedding_dense_backward_f32_f32_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -169,159 +151,136 @@ static opgen_status_t k_embedding_dense_backward_f32_f32_g(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f32_f32_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f32_f32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f32_f32_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f32_f32_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f32_f32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ indices = (const float *)a.bufs[1].data;
+    const float *__restrict__ p_indices = (const float *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const float v9 = indices[ro_indices[i8]];
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const float v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f32_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f32_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const float *__restrict__ indices = (const float *)a.bufs[1].data;
+    const float *__restrict__ p_indices = (const float *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const float v37 = indices[ro_indices[v36]];
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const float v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 16u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = vec47.v[vj52];
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = vec44.v[vj49];
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = grad[ro_grad[v36] + i46];
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = p_grad[ro_grad[v29] + i43];
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<float, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<float, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = v70;
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = v67;
                 }
-                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<float, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = v72;
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = v69;
                 }
             }
         }
@@ -344,24 +303,20 @@ static opgen_status_t k_embedding_dense_backward_f32_f32_u(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f32_f32_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f32_f32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f32_f32_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f32_f32_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f32_f32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f32_u");
 }
 
@@ -373,111 +328,92 @@ static opgen_status_t k_embedding_dense_backward_f32_f32(const opgen_buf_t *bufs
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ indices = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_indices = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const float v9 = opgen_f16_to_f32(indices[ro_indices[i8]]);
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const float v8 = opgen_f16_to_f32(p_indices[ro_indices[i7]]);
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f16_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f16_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const uint16_t *__restrict__ indices = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_indices = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const float v37 = opgen_f16_to_f32(indices[ro_indices[v36]]);
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const float v30 = opgen_f16_to_f32(p_indices[ro_indices[v29]]);
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = p_grad[ro_grad[v29] + i43 * st_grad_1];
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = v61;
             }
         }
         __syncthreads();
@@ -488,29 +424,30 @@ static void k_embedding_dense_backward_f32_f16_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -539,159 +476,136 @@ static opgen_status_t k_embedding_dense_backward_f32_f16_g(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f32_f16_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f32_f16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f32_f16_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f32_f16_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f32_f16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ indices = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_indices = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const float v9 = opgen_f16_to_f32(indices[ro_indices[i8]]);
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const float v8 = opgen_f16_to_f32(p_indices[ro_indices[i7]]);
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f16_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f16_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const uint16_t *__restrict__ indices = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_indices = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const float v37 = opgen_f16_to_f32(indices[ro_indices[v36]]);
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const float v30 = opgen_f16_to_f32(p_indices[ro_indices[v29]]);
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 16u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = vec47.v[vj52];
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = vec44.v[vj49];
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = grad[ro_grad[v36] + i46];
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = p_grad[ro_grad[v29] + i43];
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<float, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<float, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = v70;
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = v67;
                 }
-                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<float, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = v72;
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = v69;
                 }
             }
         }
@@ -714,24 +628,20 @@ static opgen_status_t k_embedding_dense_backward_f32_f16_u(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f32_f16_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f32_f16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f32_f16_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f32_f16_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f32_f16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f16_u");
 }
 
@@ -743,111 +653,92 @@ static opgen_status_t k_embedding_dense_backward_f32_f16(const opgen_buf_t *bufs
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f64_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const double *__restrict__ indices = (const double *)a.bufs[1].data;
+    const double *__restrict__ p_indices = (const double *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const double v9 = indices[ro_indices[i8]];
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const double v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f64_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f64_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f64_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const double *__restrict__ indices = (const double *)a.bufs[1].data;
+    const double *__restrict__ p_indices = (const double *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const double v37 = indices[ro_indices[v36]];
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const double v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = p_grad[ro_grad[v29] + i43 * st_grad_1];
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = v61;
             }
         }
         __syncthreads();
@@ -858,29 +749,30 @@ static void k_embedding_dense_backward_f32_f64_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -909,159 +801,136 @@ static opgen_status_t k_embedding_dense_backward_f32_f64_g(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f32_f64_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f32_f64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f32_f64_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f32_f64_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f32_f64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f64_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f64_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const double *__restrict__ indices = (const double *)a.bufs[1].data;
+    const double *__restrict__ p_indices = (const double *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const double v9 = indices[ro_indices[i8]];
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const double v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f64_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f64_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_f64_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const double *__restrict__ indices = (const double *)a.bufs[1].data;
+    const double *__restrict__ p_indices = (const double *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const double v37 = indices[ro_indices[v36]];
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const double v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 16u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = vec47.v[vj52];
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = vec44.v[vj49];
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = grad[ro_grad[v36] + i46];
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = p_grad[ro_grad[v29] + i43];
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<float, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<float, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = v70;
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = v67;
                 }
-                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<float, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = v72;
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = v69;
                 }
             }
         }
@@ -1084,24 +953,20 @@ static opgen_status_t k_embedding_dense_backward_f32_f64_u(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f32_f64_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f32_f64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f32_f64_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f32_f64_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f32_f64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f64_u");
 }
 
@@ -1113,111 +978,92 @@ static opgen_status_t k_embedding_dense_backward_f32_f64(const opgen_buf_t *bufs
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[1].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int32_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i32_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i32_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[1].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int32_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int32_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = p_grad[ro_grad[v29] + i43 * st_grad_1];
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = v61;
             }
         }
         __syncthreads();
@@ -1228,29 +1074,30 @@ static void k_embedding_dense_backward_f32_i32_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -1279,159 +1126,136 @@ static opgen_status_t k_embedding_dense_backward_f32_i32_g(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f32_i32_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f32_i32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f32_i32_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f32_i32_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f32_i32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[1].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int32_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i32_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i32_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[1].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int32_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int32_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 16u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = vec47.v[vj52];
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = vec44.v[vj49];
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = grad[ro_grad[v36] + i46];
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = p_grad[ro_grad[v29] + i43];
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<float, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<float, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = v70;
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = v67;
                 }
-                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<float, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = v72;
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = v69;
                 }
             }
         }
@@ -1454,24 +1278,20 @@ static opgen_status_t k_embedding_dense_backward_f32_i32_u(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f32_i32_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f32_i32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f32_i32_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f32_i32_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f32_i32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i32_u");
 }
 
@@ -1483,111 +1303,92 @@ static opgen_status_t k_embedding_dense_backward_f32_i32(const opgen_buf_t *bufs
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i64_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[1].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = v9;
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int64_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = v8;
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i64_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i64_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i64_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[1].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int64_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = v37;
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int64_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = v30;
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = p_grad[ro_grad[v29] + i43 * st_grad_1];
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = v61;
             }
         }
         __syncthreads();
@@ -1598,29 +1399,30 @@ static void k_embedding_dense_backward_f32_i64_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -1649,159 +1451,136 @@ static opgen_status_t k_embedding_dense_backward_f32_i64_g(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f32_i64_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f32_i64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f32_i64_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f32_i64_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f32_i64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i64_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i64_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[1].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = v9;
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int64_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = v8;
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i64_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i64_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i64_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[1].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int64_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = v37;
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int64_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = v30;
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 16u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = vec47.v[vj52];
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = vec44.v[vj49];
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = grad[ro_grad[v36] + i46];
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = p_grad[ro_grad[v29] + i43];
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<float, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<float, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = v70;
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = v67;
                 }
-                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<float, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = v72;
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = v69;
                 }
             }
         }
@@ -1824,24 +1603,20 @@ static opgen_status_t k_embedding_dense_backward_f32_i64_u(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f32_i64_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f32_i64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f32_i64_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f32_i64_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f32_i64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i64_u");
 }
 
@@ -1853,111 +1628,92 @@ static opgen_status_t k_embedding_dense_backward_f32_i64(const opgen_buf_t *bufs
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int16_t *__restrict__ indices = (const int16_t *)a.bufs[1].data;
+    const int16_t *__restrict__ p_indices = (const int16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int16_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int16_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i16_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i16_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int16_t *__restrict__ indices = (const int16_t *)a.bufs[1].data;
+    const int16_t *__restrict__ p_indices = (const int16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int16_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int16_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = p_grad[ro_grad[v29] + i43 * st_grad_1];
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = v61;
             }
         }
         __syncthreads();
@@ -1968,29 +1724,30 @@ static void k_embedding_dense_backward_f32_i16_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2019,159 +1776,136 @@ static opgen_status_t k_embedding_dense_backward_f32_i16_g(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f32_i16_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f32_i16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f32_i16_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f32_i16_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f32_i16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int16_t *__restrict__ indices = (const int16_t *)a.bufs[1].data;
+    const int16_t *__restrict__ p_indices = (const int16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int16_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int16_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i16_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i16_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int16_t *__restrict__ indices = (const int16_t *)a.bufs[1].data;
+    const int16_t *__restrict__ p_indices = (const int16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int16_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int16_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 16u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = vec47.v[vj52];
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = vec44.v[vj49];
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = grad[ro_grad[v36] + i46];
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = p_grad[ro_grad[v29] + i43];
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<float, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<float, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = v70;
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = v67;
                 }
-                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<float, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = v72;
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = v69;
                 }
             }
         }
@@ -2194,24 +1928,20 @@ static opgen_status_t k_embedding_dense_backward_f32_i16_u(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f32_i16_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f32_i16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f32_i16_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f32_i16_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f32_i16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i16_u");
 }
 
@@ -2223,111 +1953,92 @@ static opgen_status_t k_embedding_dense_backward_f32_i16(const opgen_buf_t *bufs
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i8_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int8_t *__restrict__ indices = (const int8_t *)a.bufs[1].data;
+    const int8_t *__restrict__ p_indices = (const int8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int8_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int8_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i8_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i8_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i8_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int8_t *__restrict__ indices = (const int8_t *)a.bufs[1].data;
+    const int8_t *__restrict__ p_indices = (const int8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int8_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int8_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = p_grad[ro_grad[v29] + i43 * st_grad_1];
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = v61;
             }
         }
         __syncthreads();
@@ -2338,29 +2049,30 @@ static void k_embedding_dense_backward_f32_i8_layout(const int64_t *dims, char *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2389,159 +2101,136 @@ static opgen_status_t k_embedding_dense_backward_f32_i8_g(const opgen_buf_t *buf
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f32_i8_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f32_i8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f32_i8_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f32_i8_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f32_i8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i8_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i8_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int8_t *__restrict__ indices = (const int8_t *)a.bufs[1].data;
+    const int8_t *__restrict__ p_indices = (const int8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int8_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int8_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i8_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i8_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_i8_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int8_t *__restrict__ indices = (const int8_t *)a.bufs[1].data;
+    const int8_t *__restrict__ p_indices = (const int8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int8_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int8_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 16u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = vec47.v[vj52];
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = vec44.v[vj49];
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = grad[ro_grad[v36] + i46];
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = p_grad[ro_grad[v29] + i43];
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<float, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<float, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = v70;
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = v67;
                 }
-                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<float, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = v72;
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = v69;
                 }
             }
         }
@@ -2564,24 +2253,20 @@ static opgen_status_t k_embedding_dense_backward_f32_i8_u(const opgen_buf_t *buf
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f32_i8_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f32_i8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f32_i8_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f32_i8_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f32_i8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i8_u");
 }
 
@@ -2593,111 +2278,92 @@ static opgen_status_t k_embedding_dense_backward_f32_i8(const opgen_buf_t *bufs,
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_u8_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint8_t *__restrict__ indices = (const uint8_t *)a.bufs[1].data;
+    const uint8_t *__restrict__ p_indices = (const uint8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint8_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const uint8_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_u8_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_u8_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_u8_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const uint8_t *__restrict__ indices = (const uint8_t *)a.bufs[1].data;
+    const uint8_t *__restrict__ p_indices = (const uint8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const uint8_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const uint8_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = p_grad[ro_grad[v29] + i43 * st_grad_1];
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = v61;
             }
         }
         __syncthreads();
@@ -2708,29 +2374,30 @@ static void k_embedding_dense_backward_f32_u8_layout(const int64_t *dims, char *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2759,159 +2426,136 @@ static opgen_status_t k_embedding_dense_backward_f32_u8_g(const opgen_buf_t *buf
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f32_u8_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f32_u8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f32_u8_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f32_u8_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f32_u8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_u8_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_u8_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint8_t *__restrict__ indices = (const uint8_t *)a.bufs[1].data;
+    const uint8_t *__restrict__ p_indices = (const uint8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint8_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const uint8_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_u8_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_u8_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_u8_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const uint8_t *__restrict__ indices = (const uint8_t *)a.bufs[1].data;
+    const uint8_t *__restrict__ p_indices = (const uint8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const uint8_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const uint8_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 16u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = vec47.v[vj52];
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = vec44.v[vj49];
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = grad[ro_grad[v36] + i46];
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = p_grad[ro_grad[v29] + i43];
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<float, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<float, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = v70;
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = v67;
                 }
-                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<float, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = v72;
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = v69;
                 }
             }
         }
@@ -2934,24 +2578,20 @@ static opgen_status_t k_embedding_dense_backward_f32_u8_u(const opgen_buf_t *buf
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f32_u8_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f32_u8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f32_u8_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f32_u8_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f32_u8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_u8_u");
 }
 
@@ -2963,111 +2603,92 @@ static opgen_status_t k_embedding_dense_backward_f32_u8(const opgen_buf_t *bufs,
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_bool_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ indices = (const bool *)a.bufs[1].data;
+    const bool *__restrict__ p_indices = (const bool *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const bool v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const bool v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_bool_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_bool_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_bool_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const bool *__restrict__ indices = (const bool *)a.bufs[1].data;
+    const bool *__restrict__ p_indices = (const bool *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const bool v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = grad[ro_grad[v36] + i46 * st_grad_1];
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = p_grad[ro_grad[v29] + i43 * st_grad_1];
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = v64;
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = v61;
             }
         }
         __syncthreads();
@@ -3078,29 +2699,30 @@ static void k_embedding_dense_backward_f32_bool_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3129,159 +2751,136 @@ static opgen_status_t k_embedding_dense_backward_f32_bool_g(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f32_bool_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f32_bool_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f32_bool_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f32_bool_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f32_bool_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_bool_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_bool_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ indices = (const bool *)a.bufs[1].data;
+    const bool *__restrict__ p_indices = (const bool *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const bool v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const bool v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_bool_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_bool_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f32_bool_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ grad = (const float *)a.bufs[0].data;
+    const float *__restrict__ p_grad = (const float *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const bool *__restrict__ indices = (const bool *)a.bufs[1].data;
+    const bool *__restrict__ p_indices = (const bool *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    float *__restrict__ out = (float *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    float *__restrict__ p_out = (float *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const bool v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 16u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<float, 4> vec47 = *(const opgen_vec<float, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 16u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = vec47.v[vj52];
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = vec44.v[vj49];
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = grad[ro_grad[v36] + i46];
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = p_grad[ro_grad[v29] + i43];
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 16u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<float, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 16u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<float, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = v70;
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = v67;
                 }
-                *(opgen_vec<float, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<float, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = v72;
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = v69;
                 }
             }
         }
@@ -3304,24 +2903,20 @@ static opgen_status_t k_embedding_dense_backward_f32_bool_u(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f32_bool_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f32_bool_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f32_bool_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f32_bool_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f32_bool_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_bool_u");
 }
 
@@ -3333,111 +2928,92 @@ static opgen_status_t k_embedding_dense_backward_f32_bool(const opgen_buf_t *buf
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ indices = (const float *)a.bufs[1].data;
+    const float *__restrict__ p_indices = (const float *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const float v9 = indices[ro_indices[i8]];
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const float v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f32_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f32_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const float *__restrict__ indices = (const float *)a.bufs[1].data;
+    const float *__restrict__ p_indices = (const float *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const float v37 = indices[ro_indices[v36]];
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const float v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_f16(v61);
             }
         }
         __syncthreads();
@@ -3448,29 +3024,30 @@ static void k_embedding_dense_backward_f16_f32_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3499,159 +3076,136 @@ static opgen_status_t k_embedding_dense_backward_f16_f32_g(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f16_f32_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f16_f32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f16_f32_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f16_f32_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f16_f32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ indices = (const float *)a.bufs[1].data;
+    const float *__restrict__ p_indices = (const float *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const float v9 = indices[ro_indices[i8]];
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const float v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f32_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f32_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const float *__restrict__ indices = (const float *)a.bufs[1].data;
+    const float *__restrict__ p_indices = (const float *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const float v37 = indices[ro_indices[v36]];
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const float v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_f16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_f16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_f16(v69);
                 }
             }
         }
@@ -3674,24 +3228,20 @@ static opgen_status_t k_embedding_dense_backward_f16_f32_u(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f16_f32_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f16_f32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f16_f32_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f16_f32_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f16_f32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f32_u");
 }
 
@@ -3703,111 +3253,92 @@ static opgen_status_t k_embedding_dense_backward_f16_f32(const opgen_buf_t *bufs
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ indices = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_indices = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const float v9 = opgen_f16_to_f32(indices[ro_indices[i8]]);
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const float v8 = opgen_f16_to_f32(p_indices[ro_indices[i7]]);
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f16_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f16_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const uint16_t *__restrict__ indices = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_indices = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const float v37 = opgen_f16_to_f32(indices[ro_indices[v36]]);
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const float v30 = opgen_f16_to_f32(p_indices[ro_indices[v29]]);
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_f16(v61);
             }
         }
         __syncthreads();
@@ -3818,29 +3349,30 @@ static void k_embedding_dense_backward_f16_f16_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3869,159 +3401,136 @@ static opgen_status_t k_embedding_dense_backward_f16_f16_g(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f16_f16_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f16_f16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f16_f16_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f16_f16_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f16_f16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ indices = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_indices = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const float v9 = opgen_f16_to_f32(indices[ro_indices[i8]]);
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const float v8 = opgen_f16_to_f32(p_indices[ro_indices[i7]]);
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f16_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f16_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const uint16_t *__restrict__ indices = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_indices = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const float v37 = opgen_f16_to_f32(indices[ro_indices[v36]]);
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const float v30 = opgen_f16_to_f32(p_indices[ro_indices[v29]]);
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_f16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_f16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_f16(v69);
                 }
             }
         }
@@ -4044,24 +3553,20 @@ static opgen_status_t k_embedding_dense_backward_f16_f16_u(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f16_f16_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f16_f16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f16_f16_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f16_f16_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f16_f16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f16_u");
 }
 
@@ -4073,111 +3578,92 @@ static opgen_status_t k_embedding_dense_backward_f16_f16(const opgen_buf_t *bufs
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f64_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const double *__restrict__ indices = (const double *)a.bufs[1].data;
+    const double *__restrict__ p_indices = (const double *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const double v9 = indices[ro_indices[i8]];
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const double v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f64_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f64_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f64_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const double *__restrict__ indices = (const double *)a.bufs[1].data;
+    const double *__restrict__ p_indices = (const double *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const double v37 = indices[ro_indices[v36]];
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const double v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_f16(v61);
             }
         }
         __syncthreads();
@@ -4188,29 +3674,30 @@ static void k_embedding_dense_backward_f16_f64_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -4239,159 +3726,136 @@ static opgen_status_t k_embedding_dense_backward_f16_f64_g(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f16_f64_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f16_f64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f16_f64_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f16_f64_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f16_f64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f64_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f64_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const double *__restrict__ indices = (const double *)a.bufs[1].data;
+    const double *__restrict__ p_indices = (const double *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const double v9 = indices[ro_indices[i8]];
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const double v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f64_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f64_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_f64_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const double *__restrict__ indices = (const double *)a.bufs[1].data;
+    const double *__restrict__ p_indices = (const double *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const double v37 = indices[ro_indices[v36]];
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const double v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_f16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_f16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_f16(v69);
                 }
             }
         }
@@ -4414,24 +3878,20 @@ static opgen_status_t k_embedding_dense_backward_f16_f64_u(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f16_f64_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f16_f64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f16_f64_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f16_f64_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f16_f64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f64_u");
 }
 
@@ -4443,111 +3903,92 @@ static opgen_status_t k_embedding_dense_backward_f16_f64(const opgen_buf_t *bufs
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[1].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int32_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i32_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i32_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[1].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int32_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int32_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_f16(v61);
             }
         }
         __syncthreads();
@@ -4558,29 +3999,30 @@ static void k_embedding_dense_backward_f16_i32_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -4609,159 +4051,136 @@ static opgen_status_t k_embedding_dense_backward_f16_i32_g(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f16_i32_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f16_i32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f16_i32_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f16_i32_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f16_i32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[1].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int32_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i32_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i32_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[1].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int32_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int32_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_f16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_f16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_f16(v69);
                 }
             }
         }
@@ -4784,24 +4203,20 @@ static opgen_status_t k_embedding_dense_backward_f16_i32_u(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f16_i32_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f16_i32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f16_i32_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f16_i32_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f16_i32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i32_u");
 }
 
@@ -4813,111 +4228,92 @@ static opgen_status_t k_embedding_dense_backward_f16_i32(const opgen_buf_t *bufs
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i64_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[1].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = v9;
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int64_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = v8;
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i64_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i64_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i64_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[1].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int64_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = v37;
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int64_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = v30;
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_f16(v61);
             }
         }
         __syncthreads();
@@ -4928,29 +4324,30 @@ static void k_embedding_dense_backward_f16_i64_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -4979,159 +4376,136 @@ static opgen_status_t k_embedding_dense_backward_f16_i64_g(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f16_i64_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f16_i64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f16_i64_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f16_i64_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f16_i64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i64_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i64_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[1].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = v9;
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int64_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = v8;
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i64_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i64_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i64_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[1].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int64_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = v37;
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int64_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = v30;
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_f16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_f16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_f16(v69);
                 }
             }
         }
@@ -5154,24 +4528,20 @@ static opgen_status_t k_embedding_dense_backward_f16_i64_u(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f16_i64_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f16_i64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f16_i64_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f16_i64_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f16_i64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i64_u");
 }
 
@@ -5183,111 +4553,92 @@ static opgen_status_t k_embedding_dense_backward_f16_i64(const opgen_buf_t *bufs
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int16_t *__restrict__ indices = (const int16_t *)a.bufs[1].data;
+    const int16_t *__restrict__ p_indices = (const int16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int16_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int16_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i16_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i16_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int16_t *__restrict__ indices = (const int16_t *)a.bufs[1].data;
+    const int16_t *__restrict__ p_indices = (const int16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int16_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int16_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_f16(v61);
             }
         }
         __syncthreads();
@@ -5298,29 +4649,30 @@ static void k_embedding_dense_backward_f16_i16_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -5349,159 +4701,136 @@ static opgen_status_t k_embedding_dense_backward_f16_i16_g(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f16_i16_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f16_i16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f16_i16_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f16_i16_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f16_i16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int16_t *__restrict__ indices = (const int16_t *)a.bufs[1].data;
+    const int16_t *__restrict__ p_indices = (const int16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int16_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int16_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i16_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i16_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int16_t *__restrict__ indices = (const int16_t *)a.bufs[1].data;
+    const int16_t *__restrict__ p_indices = (const int16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int16_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int16_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_f16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_f16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_f16(v69);
                 }
             }
         }
@@ -5524,24 +4853,20 @@ static opgen_status_t k_embedding_dense_backward_f16_i16_u(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f16_i16_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f16_i16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f16_i16_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f16_i16_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f16_i16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i16_u");
 }
 
@@ -5553,111 +4878,92 @@ static opgen_status_t k_embedding_dense_backward_f16_i16(const opgen_buf_t *bufs
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i8_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int8_t *__restrict__ indices = (const int8_t *)a.bufs[1].data;
+    const int8_t *__restrict__ p_indices = (const int8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int8_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int8_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i8_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i8_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i8_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int8_t *__restrict__ indices = (const int8_t *)a.bufs[1].data;
+    const int8_t *__restrict__ p_indices = (const int8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int8_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int8_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_f16(v61);
             }
         }
         __syncthreads();
@@ -5668,29 +4974,30 @@ static void k_embedding_dense_backward_f16_i8_layout(const int64_t *dims, char *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -5719,159 +5026,136 @@ static opgen_status_t k_embedding_dense_backward_f16_i8_g(const opgen_buf_t *buf
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f16_i8_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f16_i8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f16_i8_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f16_i8_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f16_i8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i8_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i8_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int8_t *__restrict__ indices = (const int8_t *)a.bufs[1].data;
+    const int8_t *__restrict__ p_indices = (const int8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int8_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int8_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i8_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i8_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_i8_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int8_t *__restrict__ indices = (const int8_t *)a.bufs[1].data;
+    const int8_t *__restrict__ p_indices = (const int8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int8_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int8_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_f16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_f16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_f16(v69);
                 }
             }
         }
@@ -5894,24 +5178,20 @@ static opgen_status_t k_embedding_dense_backward_f16_i8_u(const opgen_buf_t *buf
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f16_i8_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f16_i8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f16_i8_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f16_i8_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f16_i8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i8_u");
 }
 
@@ -5923,111 +5203,92 @@ static opgen_status_t k_embedding_dense_backward_f16_i8(const opgen_buf_t *bufs,
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_u8_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint8_t *__restrict__ indices = (const uint8_t *)a.bufs[1].data;
+    const uint8_t *__restrict__ p_indices = (const uint8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint8_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const uint8_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_u8_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_u8_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_u8_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const uint8_t *__restrict__ indices = (const uint8_t *)a.bufs[1].data;
+    const uint8_t *__restrict__ p_indices = (const uint8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const uint8_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const uint8_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_f16(v61);
             }
         }
         __syncthreads();
@@ -6038,29 +5299,30 @@ static void k_embedding_dense_backward_f16_u8_layout(const int64_t *dims, char *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6089,159 +5351,136 @@ static opgen_status_t k_embedding_dense_backward_f16_u8_g(const opgen_buf_t *buf
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f16_u8_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f16_u8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f16_u8_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f16_u8_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f16_u8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_u8_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_u8_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint8_t *__restrict__ indices = (const uint8_t *)a.bufs[1].data;
+    const uint8_t *__restrict__ p_indices = (const uint8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint8_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const uint8_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_u8_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_u8_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_u8_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const uint8_t *__restrict__ indices = (const uint8_t *)a.bufs[1].data;
+    const uint8_t *__restrict__ p_indices = (const uint8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const uint8_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const uint8_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_f16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_f16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_f16(v69);
                 }
             }
         }
@@ -6264,24 +5503,20 @@ static opgen_status_t k_embedding_dense_backward_f16_u8_u(const opgen_buf_t *buf
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f16_u8_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f16_u8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f16_u8_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f16_u8_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f16_u8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_u8_u");
 }
 
@@ -6293,111 +5528,92 @@ static opgen_status_t k_embedding_dense_backward_f16_u8(const opgen_buf_t *bufs,
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_bool_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ indices = (const bool *)a.bufs[1].data;
+    const bool *__restrict__ p_indices = (const bool *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const bool v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const bool v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_bool_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_bool_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_bool_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const bool *__restrict__ indices = (const bool *)a.bufs[1].data;
+    const bool *__restrict__ p_indices = (const bool *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const bool v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_f16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_f16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_f16(v61);
             }
         }
         __syncthreads();
@@ -6408,29 +5624,30 @@ static void k_embedding_dense_backward_f16_bool_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6459,159 +5676,136 @@ static opgen_status_t k_embedding_dense_backward_f16_bool_g(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_f16_bool_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_f16_bool_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_f16_bool_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_f16_bool_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_f16_bool_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_bool_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_bool_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ indices = (const bool *)a.bufs[1].data;
+    const bool *__restrict__ p_indices = (const bool *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const bool v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const bool v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_bool_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_bool_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_f16_bool_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const bool *__restrict__ indices = (const bool *)a.bufs[1].data;
+    const bool *__restrict__ p_indices = (const bool *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const bool v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_f16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_f16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_f16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_f16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_f16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_f16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_f16(v69);
                 }
             }
         }
@@ -6634,24 +5828,20 @@ static opgen_status_t k_embedding_dense_backward_f16_bool_u(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_f16_bool_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_f16_bool_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_f16_bool_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_f16_bool_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_f16_bool_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_bool_u");
 }
 
@@ -6663,111 +5853,92 @@ static opgen_status_t k_embedding_dense_backward_f16_bool(const opgen_buf_t *buf
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ indices = (const float *)a.bufs[1].data;
+    const float *__restrict__ p_indices = (const float *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const float v9 = indices[ro_indices[i8]];
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const float v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f32_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f32_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const float *__restrict__ indices = (const float *)a.bufs[1].data;
+    const float *__restrict__ p_indices = (const float *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const float v37 = indices[ro_indices[v36]];
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const float v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_bf16(v61);
             }
         }
         __syncthreads();
@@ -6778,29 +5949,30 @@ static void k_embedding_dense_backward_bf16_f32_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6829,159 +6001,136 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32_g(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_bf16_f32_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_bf16_f32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_bf16_f32_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_bf16_f32_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_bf16_f32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *__restrict__ indices = (const float *)a.bufs[1].data;
+    const float *__restrict__ p_indices = (const float *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const float v9 = indices[ro_indices[i8]];
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const float v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f32_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f32_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const float *__restrict__ indices = (const float *)a.bufs[1].data;
+    const float *__restrict__ p_indices = (const float *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const float v37 = indices[ro_indices[v36]];
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const float v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_bf16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_bf16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_bf16(v69);
                 }
             }
         }
@@ -7004,24 +6153,20 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32_u(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_bf16_f32_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_bf16_f32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_bf16_f32_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_bf16_f32_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_bf16_f32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f32_u");
 }
 
@@ -7033,111 +6178,92 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32(const opgen_buf_t *buf
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ indices = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_indices = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const float v9 = opgen_f16_to_f32(indices[ro_indices[i8]]);
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const float v8 = opgen_f16_to_f32(p_indices[ro_indices[i7]]);
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f16_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f16_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const uint16_t *__restrict__ indices = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_indices = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const float v37 = opgen_f16_to_f32(indices[ro_indices[v36]]);
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const float v30 = opgen_f16_to_f32(p_indices[ro_indices[v29]]);
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_bf16(v61);
             }
         }
         __syncthreads();
@@ -7148,29 +6274,30 @@ static void k_embedding_dense_backward_bf16_f16_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -7199,159 +6326,136 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16_g(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_bf16_f16_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_bf16_f16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_bf16_f16_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_bf16_f16_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_bf16_f16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ indices = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_indices = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const float v9 = opgen_f16_to_f32(indices[ro_indices[i8]]);
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const float v8 = opgen_f16_to_f32(p_indices[ro_indices[i7]]);
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f16_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f16_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const uint16_t *__restrict__ indices = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_indices = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const float v37 = opgen_f16_to_f32(indices[ro_indices[v36]]);
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const float v30 = opgen_f16_to_f32(p_indices[ro_indices[v29]]);
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_bf16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_bf16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_bf16(v69);
                 }
             }
         }
@@ -7374,24 +6478,20 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16_u(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_bf16_f16_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_bf16_f16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_bf16_f16_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_bf16_f16_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_bf16_f16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f16_u");
 }
 
@@ -7403,111 +6503,92 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16(const opgen_buf_t *buf
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f64_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const double *__restrict__ indices = (const double *)a.bufs[1].data;
+    const double *__restrict__ p_indices = (const double *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const double v9 = indices[ro_indices[i8]];
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const double v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f64_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f64_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f64_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const double *__restrict__ indices = (const double *)a.bufs[1].data;
+    const double *__restrict__ p_indices = (const double *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const double v37 = indices[ro_indices[v36]];
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const double v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_bf16(v61);
             }
         }
         __syncthreads();
@@ -7518,29 +6599,30 @@ static void k_embedding_dense_backward_bf16_f64_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -7569,159 +6651,136 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64_g(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_bf16_f64_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_bf16_f64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_bf16_f64_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_bf16_f64_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_bf16_f64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f64_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f64_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const double *__restrict__ indices = (const double *)a.bufs[1].data;
+    const double *__restrict__ p_indices = (const double *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const double v9 = indices[ro_indices[i8]];
-        const int64_t v10 = OPGEN_F2I(int64_t, v9, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const double v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = OPGEN_F2I(int64_t, v8, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f64_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f64_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_f64_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const double *__restrict__ indices = (const double *)a.bufs[1].data;
+    const double *__restrict__ p_indices = (const double *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const double v37 = indices[ro_indices[v36]];
-            const int64_t v38 = OPGEN_F2I(int64_t, v37, INT64_MIN, 9223372036854775807ll, INT64_MIN);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const double v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = OPGEN_F2I(int64_t, v30, INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_bf16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_bf16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_bf16(v69);
                 }
             }
         }
@@ -7744,24 +6803,20 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64_u(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_bf16_f64_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_bf16_f64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_bf16_f64_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_bf16_f64_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_bf16_f64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f64_u");
 }
 
@@ -7773,111 +6828,92 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64(const opgen_buf_t *buf
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[1].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int32_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i32_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i32_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[1].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int32_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int32_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_bf16(v61);
             }
         }
         __syncthreads();
@@ -7888,29 +6924,30 @@ static void k_embedding_dense_backward_bf16_i32_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -7939,159 +6976,136 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32_g(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_bf16_i32_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_bf16_i32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_bf16_i32_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_bf16_i32_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_bf16_i32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[1].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int32_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int32_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i32_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i32_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int32_t *__restrict__ indices = (const int32_t *)a.bufs[1].data;
+    const int32_t *__restrict__ p_indices = (const int32_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int32_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int32_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_bf16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_bf16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_bf16(v69);
                 }
             }
         }
@@ -8114,24 +7128,20 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32_u(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_bf16_i32_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_bf16_i32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_bf16_i32_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_bf16_i32_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_bf16_i32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i32_u");
 }
 
@@ -8143,111 +7153,92 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32(const opgen_buf_t *buf
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i64_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[1].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = v9;
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int64_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = v8;
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i64_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i64_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i64_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[1].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int64_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = v37;
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int64_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = v30;
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_bf16(v61);
             }
         }
         __syncthreads();
@@ -8258,29 +7249,30 @@ static void k_embedding_dense_backward_bf16_i64_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -8309,159 +7301,136 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64_g(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_bf16_i64_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_bf16_i64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_bf16_i64_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_bf16_i64_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_bf16_i64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i64_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i64_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[1].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = v9;
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int64_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = v8;
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i64_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i64_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i64_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int64_t *__restrict__ indices = (const int64_t *)a.bufs[1].data;
+    const int64_t *__restrict__ p_indices = (const int64_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int64_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = v37;
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int64_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = v30;
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_bf16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_bf16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_bf16(v69);
                 }
             }
         }
@@ -8484,24 +7453,20 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64_u(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_bf16_i64_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_bf16_i64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_bf16_i64_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_bf16_i64_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_bf16_i64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i64_u");
 }
 
@@ -8513,111 +7478,92 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64(const opgen_buf_t *buf
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int16_t *__restrict__ indices = (const int16_t *)a.bufs[1].data;
+    const int16_t *__restrict__ p_indices = (const int16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int16_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int16_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i16_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i16_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int16_t *__restrict__ indices = (const int16_t *)a.bufs[1].data;
+    const int16_t *__restrict__ p_indices = (const int16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int16_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int16_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_bf16(v61);
             }
         }
         __syncthreads();
@@ -8628,29 +7574,30 @@ static void k_embedding_dense_backward_bf16_i16_layout(const int64_t *dims, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -8679,159 +7626,136 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16_g(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_bf16_i16_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_bf16_i16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_bf16_i16_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_bf16_i16_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_bf16_i16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int16_t *__restrict__ indices = (const int16_t *)a.bufs[1].data;
+    const int16_t *__restrict__ p_indices = (const int16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int16_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int16_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i16_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i16_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int16_t *__restrict__ indices = (const int16_t *)a.bufs[1].data;
+    const int16_t *__restrict__ p_indices = (const int16_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int16_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int16_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_bf16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_bf16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_bf16(v69);
                 }
             }
         }
@@ -8854,24 +7778,20 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16_u(const opgen_buf_t *b
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_bf16_i16_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_bf16_i16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_bf16_i16_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_bf16_i16_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_bf16_i16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i16_u");
 }
 
@@ -8883,111 +7803,92 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16(const opgen_buf_t *buf
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i8_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int8_t *__restrict__ indices = (const int8_t *)a.bufs[1].data;
+    const int8_t *__restrict__ p_indices = (const int8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int8_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int8_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i8_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i8_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i8_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int8_t *__restrict__ indices = (const int8_t *)a.bufs[1].data;
+    const int8_t *__restrict__ p_indices = (const int8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int8_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int8_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_bf16(v61);
             }
         }
         __syncthreads();
@@ -8998,29 +7899,30 @@ static void k_embedding_dense_backward_bf16_i8_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -9049,159 +7951,136 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8_g(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_bf16_i8_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_bf16_i8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_bf16_i8_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_bf16_i8_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_bf16_i8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i8_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i8_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int8_t *__restrict__ indices = (const int8_t *)a.bufs[1].data;
+    const int8_t *__restrict__ p_indices = (const int8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int8_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const int8_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i8_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i8_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_i8_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const int8_t *__restrict__ indices = (const int8_t *)a.bufs[1].data;
+    const int8_t *__restrict__ p_indices = (const int8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const int8_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int8_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_bf16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_bf16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_bf16(v69);
                 }
             }
         }
@@ -9224,24 +8103,20 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8_u(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_bf16_i8_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_bf16_i8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_bf16_i8_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_bf16_i8_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_bf16_i8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i8_u");
 }
 
@@ -9253,111 +8128,92 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8(const opgen_buf_t *bufs
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_u8_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint8_t *__restrict__ indices = (const uint8_t *)a.bufs[1].data;
+    const uint8_t *__restrict__ p_indices = (const uint8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint8_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const uint8_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_u8_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_u8_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_u8_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const uint8_t *__restrict__ indices = (const uint8_t *)a.bufs[1].data;
+    const uint8_t *__restrict__ p_indices = (const uint8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const uint8_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const uint8_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_bf16(v61);
             }
         }
         __syncthreads();
@@ -9368,29 +8224,30 @@ static void k_embedding_dense_backward_bf16_u8_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -9419,159 +8276,136 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8_g(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_bf16_u8_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_bf16_u8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_bf16_u8_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_bf16_u8_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_bf16_u8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_u8_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_u8_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint8_t *__restrict__ indices = (const uint8_t *)a.bufs[1].data;
+    const uint8_t *__restrict__ p_indices = (const uint8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const uint8_t v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const uint8_t v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_u8_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_u8_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_u8_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const uint8_t *__restrict__ indices = (const uint8_t *)a.bufs[1].data;
+    const uint8_t *__restrict__ p_indices = (const uint8_t *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const uint8_t v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const uint8_t v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_bf16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_bf16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_bf16(v69);
                 }
             }
         }
@@ -9594,24 +8428,20 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8_u(const opgen_buf_t *bu
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_bf16_u8_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_bf16_u8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_bf16_u8_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_bf16_u8_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_bf16_u8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_u8_u");
 }
 
@@ -9623,111 +8453,92 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8(const opgen_buf_t *bufs
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_bool_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ indices = (const bool *)a.bufs[1].data;
+    const bool *__restrict__ p_indices = (const bool *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const bool v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const bool v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_bool_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_bool_g_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_bool_g_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t st_grad_1 = a.bufs[0].st[1];
     const int64_t *ro_grad = a.bufs[0].ro;
-    const bool *__restrict__ indices = (const bool *)a.bufs[1].data;
+    const bool *__restrict__ p_indices = (const bool *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
     const int64_t st_out_1 = a.bufs[5].st[1];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const bool v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                    const float v52 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46 * st_grad_1]);
-                    const float v53 = v52;
-                    const float v54 = v53 * v44;
-                    const float v55 = v39 ? v54 : v28;
-                    l30[i46] += v55;
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                    const float v49 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v41;
+                    const float v52 = v32 ? v51 : v21;
+                    l23[i43] += v52;
                 }
             }
         }
-        for (int64_t vq62 = threadIdx.x; v23 + vq62 * 4 < v26; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v23 + vq62 * 4;
-            for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v26; i57++) {
-                const float v63 = l30[i57];
-                const float v64 = v63;
-                out[i29 * st_out_0 + i57 * st_out_1] = opgen_f32_to_bf16(v64);
+        for (int64_t vq59 = threadIdx.x; v14 + vq59 * 4 < v13; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v14 + vq59 * 4;
+            for (int64_t i54 = vb58; i54 < vb58 + 4 && i54 < v13; i54++) {
+                const float v60 = l23[i54];
+                const float v61 = v60;
+                p_out[i22 * st_out_0 + i54 * st_out_1] = opgen_f32_to_bf16(v61);
             }
         }
         __syncthreads();
@@ -9738,29 +8549,30 @@ static void k_embedding_dense_backward_bf16_bool_layout(const int64_t *dims, cha
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_V;
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v65, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v62 = d_D;
+    const int64_t v63 = 0ll;
+    const bool v64 = v62 == v63;
+    const int64_t v65 = d_V;
+    const int64_t v66 = v64 ? v63 : v65;
+    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int32_t) * (size_t)d_V);
+    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)(d_V + 1));
+    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[3] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[4] = ws + off;
     off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    if (wsp) wsp[6] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v66));
+    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
     const size_t arena = off;
     size_t end = off;
     off = arena;
-    if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    if (wsp) wsp[6] = ws + off;
+    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -9789,159 +8601,136 @@ static opgen_status_t k_embedding_dense_backward_bf16_bool_g(const opgen_buf_t *
     const int64_t d_V = dims[2];
     const int64_t v67 = 0ll;
     const int64_t v68 = d_N;
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = d_N;
-    const int64_t v72 = 0ll;
-    const int64_t v73 = d_V;
+    const int64_t v69 = d_D;
+    const int64_t v70 = 0ll;
+    const bool v71 = v69 == v70;
+    const int64_t v72 = d_V;
+    const int64_t v73 = v71 ? v70 : v72;
     const int64_t grid74 = opgen_cuda_grid((v68 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid74 > 0) k_embedding_dense_backward_bf16_bool_g_k0<<<(unsigned)grid74, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid75 = opgen_cuda_grid((v70 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid75 > 0) k_embedding_dense_backward_bf16_bool_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid76 = opgen_cuda_grid((v71 - v69 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid76 > 0) k_embedding_dense_backward_bf16_bool_g_k2<<<(unsigned)grid76, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v73, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v73), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid77 = opgen_cuda_grid(v73 - v72, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid77 > 0) k_embedding_dense_backward_bf16_bool_g_k3<<<(unsigned)grid77, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid75 > 0) k_embedding_dense_backward_bf16_bool_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_bool_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_bool_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ indices = (const bool *)a.bufs[1].data;
+    const bool *__restrict__ p_indices = (const bool *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v5 = 0ll;
-    const int64_t v6 = d_N;
-    const int64_t v7 = d_V;
-    for (int64_t i8 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i8 < v6; i8 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const bool v9 = indices[ro_indices[i8]];
-        const int64_t v10 = (int64_t)(v9);
-        const bool v11 = v10 >= v5;
-        const bool v12 = v10 < v7;
-        const bool v13 = v11 && v12;
+    const int64_t v4 = 0ll;
+    const int64_t v5 = d_N;
+    const int64_t v6 = d_V;
+    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        const bool v8 = p_indices[ro_indices[i7]];
+        const int64_t v9 = (int64_t)(v8);
+        const bool v10 = v9 >= v4;
+        const bool v11 = v9 < v6;
+        const bool v12 = v10 && v11;
         /* index out of range [0, V): record, skip the rest */
-        if (!(v13)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
-            t1[i8] = v10;
+        if (!(v12)) { opgen_dev_fail(a.err, a.sticky, (unsigned int)OPGEN_ERR_INDEX); } else {
+            t1[i7] = v9;
         }
     }
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_bool_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_V = a.dims[2];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v14 = 0ll;
-    const int64_t v15 = d_V;
-    const int32_t v16 = 0;
-    for (int64_t i17 = v14 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i17 < v15; i17 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        t2[i17] = v16;
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_bool_u_k2(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const int64_t d_N = a.dims[0];
-    int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
-    const int64_t v18 = 0ll;
-    const int64_t v19 = d_N;
-    const int32_t v20 = 1;
-    for (int64_t i21 = v18 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i21 < v19; i21 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const int64_t v22 = t1[i21];
-        atomicAdd((int *)&t2[v22], (int)(v20)); /* integer: exact in any order */
-    }
-}
-
-static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_backward_bf16_bool_u_k3(const opgen_cuda_args_t a) {
-    if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *__restrict__ grad = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *__restrict__ p_grad = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad = a.bufs[0].ro;
-    const bool *__restrict__ indices = (const bool *)a.bufs[1].data;
+    const bool *__restrict__ p_indices = (const bool *)a.bufs[1].data;
     const int64_t *ro_indices = a.bufs[1].ro;
-    const int64_t padding_idx = a.sc[3].i;
-    const bool scale_grad_by_freq = a.sc[4].b;
-    uint16_t *__restrict__ out = (uint16_t *)a.bufs[5].data;
+    const int64_t p_padding_idx = a.sc[3].i;
+    const bool p_scale_grad_by_freq = a.sc[4].b;
+    uint16_t *__restrict__ p_out = (uint16_t *)a.bufs[5].data;
     const int64_t st_out_0 = a.bufs[5].st[0];
+    const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    int32_t *__restrict__ t2 = (int32_t *)a.wsp[1];
+    int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_V;
-    const int64_t v25 = 1ll;
-    const int64_t v26 = d_D;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    for (int64_t i29 = v23 + (int64_t)blockIdx.x; i29 < v24; i29 += (int64_t)gridDim.x) {
-        float *__restrict__ l30 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v13 = d_D;
+    const int64_t v14 = 0ll;
+    const bool v15 = v13 == v14;
+    const int64_t v16 = d_V;
+    const int64_t v17 = v15 ? v14 : v16;
+    const int64_t v18 = d_N;
+    const int64_t v19 = 1ll;
+    const float v20 = 1.0f;
+    const float v21 = 0.0f;
+    for (int64_t i22 = v14 + (int64_t)blockIdx.x; i22 < v17; i22 += (int64_t)gridDim.x) {
+        float *__restrict__ l23 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z31 = threadIdx.x * 4; z31 < (size_t)d_D; z31 += OPGEN_CUDA_THREADS * 4) for (size_t z31j = z31; z31j < z31 + 4 && z31j < (size_t)d_D; z31j++) l30[z31j] = (float)0;
-        const int64_t v32 = t3[i29];
-        const int64_t v33 = i29 + v25;
-        const int64_t v34 = t3[v33];
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t4[i35];
-            const bool v37 = indices[ro_indices[v36]];
-            const int64_t v38 = (int64_t)(v37);
-            const bool v39 = v38 != padding_idx;
-            const int64_t v40 = t1[v36];
-            const int32_t v41 = t2[v40];
-            const float v42 = (float)(v41);
-            const float v43 = v27 / v42;
-            const float v44 = scale_grad_by_freq ? v43 : v27;
-            const bool vok49 = ((uintptr_t)&grad[ro_grad[v36] + v23] % 8u == 0) && ((uintptr_t)&l30[v23] % 16u == 0);
-            for (int64_t vq51 = threadIdx.x; v23 + vq51 * 4 < v26; vq51 += OPGEN_CUDA_THREADS) {
-                const int64_t vb50 = v23 + vq51 * 4;
-                if (vok49 && vb50 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec47 = *(const opgen_vec<uint16_t, 4> *)&grad[ro_grad[v36] + vb50];
-                    opgen_vec<float, 4> vec48 = *(const opgen_vec<float, 4> *)&l30[vb50];
+        for (size_t z24 = threadIdx.x * 4; z24 < (size_t)d_D; z24 += OPGEN_CUDA_THREADS * 4) for (size_t z24j = z24; z24j < z24 + 4 && z24j < (size_t)d_D; z24j++) l23[z24j] = (float)0;
+        const int64_t v25 = opgen_seg_start(t2, i22, v16, v18);
+        const int64_t v26 = i22 + v19;
+        const int64_t v27 = opgen_seg_start(t2, v26, v16, v18);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool v30 = p_indices[ro_indices[v29]];
+            const int64_t v31 = (int64_t)(v30);
+            const bool v32 = v31 != p_padding_idx;
+            const int64_t v33 = t1[v29];
+            const int64_t v34 = opgen_seg_start(t2, v33, v16, v18);
+            const int64_t v35 = v33 + v19;
+            const int64_t v36 = opgen_seg_start(t2, v35, v16, v18);
+            const int64_t v37 = v36 - v34;
+            const int32_t v38 = (int32_t)(v37);
+            const float v39 = (float)(v38);
+            const float v40 = v20 / v39;
+            const float v41 = p_scale_grad_by_freq ? v40 : v20;
+            const bool vok46 = ((uintptr_t)&p_grad[ro_grad[v29] + v14] % 8u == 0) && ((uintptr_t)&l23[v14] % 16u == 0);
+            for (int64_t vq48 = threadIdx.x; v14 + vq48 * 4 < v13; vq48 += OPGEN_CUDA_THREADS) {
+                const int64_t vb47 = v14 + vq48 * 4;
+                if (vok46 && vb47 + 4 <= v13) {
+                    opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb47];
+                    opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l23[vb47];
                     #pragma unroll
-                    for (int vj52 = 0; vj52 < 4; vj52++) {
-                        const float v53 = opgen_bf16_to_f32(vec47.v[vj52]);
-                        const float v54 = v53;
-                        const float v55 = v54 * v44;
-                        const float v56 = v39 ? v55 : v28;
-                        vec48.v[vj52] += v56;
+                    for (int vj49 = 0; vj49 < 4; vj49++) {
+                        const float v50 = opgen_bf16_to_f32(vec44.v[vj49]);
+                        const float v51 = v50;
+                        const float v52 = v51 * v41;
+                        const float v53 = v32 ? v52 : v21;
+                        vec45.v[vj49] += v53;
                     }
-                    *(opgen_vec<float, 4> *)&l30[vb50] = vec48;
+                    *(opgen_vec<float, 4> *)&l23[vb47] = vec45;
                 } else {
-                    for (int64_t i46 = vb50; i46 < vb50 + 4 && i46 < v26; i46++) {
-                        const float v57 = opgen_bf16_to_f32(grad[ro_grad[v36] + i46]);
-                        const float v58 = v57;
-                        const float v59 = v58 * v44;
-                        const float v60 = v39 ? v59 : v28;
-                        l30[i46] += v60;
+                    for (int64_t i43 = vb47; i43 < vb47 + 4 && i43 < v13; i43++) {
+                        const float v54 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i43]);
+                        const float v55 = v54;
+                        const float v56 = v55 * v41;
+                        const float v57 = v32 ? v56 : v21;
+                        l23[i43] += v57;
                     }
                 }
             }
         }
-        const bool vok65 = ((uintptr_t)&l30[v23] % 16u == 0) && ((uintptr_t)&out[i29 * st_out_0 + v23] % 8u == 0);
-        for (int64_t vq67 = threadIdx.x; v23 + vq67 * 4 < v26; vq67 += OPGEN_CUDA_THREADS) {
-            const int64_t vb66 = v23 + vq67 * 4;
-            if (vok65 && vb66 + 4 <= v26) {
-                opgen_vec<float, 4> vec63 = *(const opgen_vec<float, 4> *)&l30[vb66];
-                opgen_vec<uint16_t, 4> vec64;
+        const bool vok62 = ((uintptr_t)&l23[v14] % 16u == 0) && ((uintptr_t)&p_out[i22 * st_out_0 + v14] % 8u == 0);
+        for (int64_t vq64 = threadIdx.x; v14 + vq64 * 4 < v13; vq64 += OPGEN_CUDA_THREADS) {
+            const int64_t vb63 = v14 + vq64 * 4;
+            if (vok62 && vb63 + 4 <= v13) {
+                opgen_vec<float, 4> vec60 = *(const opgen_vec<float, 4> *)&l23[vb63];
+                opgen_vec<uint16_t, 4> vec61;
                 #pragma unroll
-                for (int vj68 = 0; vj68 < 4; vj68++) {
-                    const float v69 = vec63.v[vj68];
-                    const float v70 = v69;
-                    vec64.v[vj68] = opgen_f32_to_bf16(v70);
+                for (int vj65 = 0; vj65 < 4; vj65++) {
+                    const float v66 = vec60.v[vj65];
+                    const float v67 = v66;
+                    vec61.v[vj65] = opgen_f32_to_bf16(v67);
                 }
-                *(opgen_vec<uint16_t, 4> *)&out[i29 * st_out_0 + vb66] = vec64;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i22 * st_out_0 + vb63] = vec61;
             } else {
-                for (int64_t i62 = vb66; i62 < vb66 + 4 && i62 < v26; i62++) {
-                    const float v71 = l30[i62];
-                    const float v72 = v71;
-                    out[i29 * st_out_0 + i62] = opgen_f32_to_bf16(v72);
+                for (int64_t i59 = vb63; i59 < vb63 + 4 && i59 < v13; i59++) {
+                    const float v68 = l23[i59];
+                    const float v69 = v68;
+                    p_out[i22 * st_out_0 + i59] = opgen_f32_to_bf16(v69);
                 }
             }
         }
@@ -9964,24 +8753,20 @@ static opgen_status_t k_embedding_dense_backward_bf16_bool_u(const opgen_buf_t *
     const int64_t d_V = dims[2];
     const int64_t v75 = 0ll;
     const int64_t v76 = d_N;
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_V;
-    const int64_t v79 = d_N;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = d_V;
+    const int64_t v77 = d_D;
+    const int64_t v78 = 0ll;
+    const bool v79 = v77 == v78;
+    const int64_t v80 = d_V;
+    const int64_t v81 = v79 ? v78 : v80;
     const int64_t grid82 = opgen_cuda_grid((v76 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid82 > 0) k_embedding_dense_backward_bf16_bool_u_k0<<<(unsigned)grid82, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid83 = opgen_cuda_grid((v78 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid83 > 0) k_embedding_dense_backward_bf16_bool_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid84 = opgen_cuda_grid((v79 - v77 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid84 > 0) k_embedding_dense_backward_bf16_bool_u_k2<<<(unsigned)grid84, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v81, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], a.wsp[6], opgen_cuda_segments_tmp(d_N, v81), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid85 = opgen_cuda_grid(v81 - v80, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid85 > 0) k_embedding_dense_backward_bf16_bool_u_k3<<<(unsigned)grid85, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid83 > 0) k_embedding_dense_backward_bf16_bool_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_bool_u");
 }
 
@@ -10034,21 +8819,21 @@ static const opgen_variant_t V_embedding_dense_backward[] = {
 };
 static const opgen_op_t OP_embedding_dense_backward = {"embedding_dense_backward", 6, 3, 2, 1, 0, P_embedding_dense_backward, D_embedding_dense_backward, V_embedding_dense_backward, NULL};
 extern "C" OPGEN_API opgen_status_t opgen_cuda_embedding_dense_backward(const opgen_tensor_t *grad, const opgen_tensor_t *indices, int64_t num_weights, int64_t padding_idx, bool scale_grad_by_freq, const opgen_tensor_t *out, void *workspace, size_t workspace_size, void *stream) {
-    const opgen_tensor_t *t[6] = {grad, indices, NULL, NULL, NULL, out};
-    opgen_scalar_t sc[6];
-    memset(sc, 0, sizeof sc);
-    sc[2].i = num_weights;
-    sc[3].i = padding_idx;
-    sc[4].b = scale_grad_by_freq;
-    return opgen_cuda_run(&OP_embedding_dense_backward, t, sc, workspace, workspace_size, NULL, 0, stream);
+    const opgen_tensor_t *opgen_t[6] = {grad, indices, NULL, NULL, NULL, out};
+    opgen_scalar_t opgen_sc[6];
+    memset(opgen_sc, 0, sizeof opgen_sc);
+    opgen_sc[2].i = num_weights;
+    opgen_sc[3].i = padding_idx;
+    opgen_sc[4].b = scale_grad_by_freq;
+    return opgen_cuda_run(&OP_embedding_dense_backward, opgen_t, opgen_sc, workspace, workspace_size, NULL, 0, stream);
 }
 extern "C" OPGEN_API opgen_status_t opgen_cuda_embedding_dense_backward_workspace_size(const opgen_tensor_t *grad, const opgen_tensor_t *indices, int64_t num_weights, int64_t padding_idx, bool scale_grad_by_freq, const opgen_tensor_t *out, size_t *size) {
-    const opgen_tensor_t *t[6] = {grad, indices, NULL, NULL, NULL, out};
-    opgen_scalar_t sc[6];
-    memset(sc, 0, sizeof sc);
-    sc[2].i = num_weights;
-    sc[3].i = padding_idx;
-    sc[4].b = scale_grad_by_freq;
+    const opgen_tensor_t *opgen_t[6] = {grad, indices, NULL, NULL, NULL, out};
+    opgen_scalar_t opgen_sc[6];
+    memset(opgen_sc, 0, sizeof opgen_sc);
+    opgen_sc[2].i = num_weights;
+    opgen_sc[3].i = padding_idx;
+    opgen_sc[4].b = scale_grad_by_freq;
     if (!size) return opgen_fail(OPGEN_ERR_NULL, "size is NULL");
-    return opgen_cuda_run(&OP_embedding_dense_backward, t, sc, NULL, 0, size, 1, NULL);
+    return opgen_cuda_run(&OP_embedding_dense_backward, opgen_t, opgen_sc, NULL, 0, size, 1, NULL);
 }

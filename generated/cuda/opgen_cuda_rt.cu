@@ -144,20 +144,24 @@ size_t opgen_cuda_segments_tmp(int64_t n, int64_t rows) {
     return bytes;
 }
 
-opgen_status_t opgen_cuda_segments(const int64_t *idx, int64_t n, int64_t rows, int64_t *start, int64_t *order,
+opgen_status_t opgen_cuda_segments(const int64_t *idx, int64_t n, int64_t rows, int64_t *seg, int64_t *order,
                                    int64_t *keys, int64_t *vals, void *tmp, size_t tmp_bytes,
                                    cudaStream_t stream) {
     if (n > INT32_MAX) return opgen_fail(OPGEN_ERR_SHAPE, "segments: more than 2^31 - 1 indices");
-    const int64_t blocks = opgen_cuda_grid((rows + OPGEN_CUDA_THREADS) / OPGEN_CUDA_THREADS, 0);
+    const int dense = opgen_seg_dense(rows, n);
     if (n > 0) {
         opgen_iota_k<<<(unsigned)opgen_cuda_grid((n + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0),
                        OPGEN_CUDA_THREADS, 0, stream>>>(vals, n);
         size_t bytes = tmp_bytes;
-        if (cub::DeviceRadixSort::SortPairs(tmp, bytes, idx, keys, vals, order, (int)n, 0, opgen_key_bits(rows),
-                                            stream) != cudaSuccess)
+        /* sparse layout: the sorted indices are the table itself */
+        if (cub::DeviceRadixSort::SortPairs(tmp, bytes, idx, dense ? keys : seg, vals, order, (int)n, 0,
+                                            opgen_key_bits(rows), stream) != cudaSuccess)
             return opgen_cuda_launched("segments: radix sort");
     }
-    opgen_starts_k<<<(unsigned)blocks, OPGEN_CUDA_THREADS, 0, stream>>>(keys, n, rows, start);
+    if (dense) {
+        const int64_t blocks = opgen_cuda_grid((rows + OPGEN_CUDA_THREADS) / OPGEN_CUDA_THREADS, 0);
+        opgen_starts_k<<<(unsigned)blocks, OPGEN_CUDA_THREADS, 0, stream>>>(keys, n, rows, seg);
+    }
     return opgen_cuda_launched("segments");
 }
 

@@ -104,13 +104,37 @@ opgen_status_t opgen_fail(opgen_status_t st, const char *fmt, ...);
 int64_t opgen_cuda_grid(int64_t iters, size_t scratch);
 /* Device address of the sticky status word of the current device (NULL if unavailable). */
 unsigned int *opgen_cuda_sticky(void);
-/* Stable counting sort of n indices in [0, rows) on the device (see sched.segments): start
- * (rows + 1) and order (n). keys/vals are n-element scratch; tmp of opgen_cuda_segments_tmp()
- * bytes is the radix sort's scratch. Deterministic: a stable sort has one result. */
+/* Stable radix sort of n indices in [0, rows) on the device (see sched.segments): the segment
+ * table `seg` (opgen_seg_words(rows, n) words, layout below) and order (n). keys/vals are
+ * n-element scratch; tmp of opgen_cuda_segments_tmp() bytes is the radix sort's scratch.
+ * Deterministic: a stable sort has one result. */
 size_t opgen_cuda_segments_tmp(int64_t n, int64_t rows);
-opgen_status_t opgen_cuda_segments(const int64_t *idx, int64_t n, int64_t rows, int64_t *start, int64_t *order,
+opgen_status_t opgen_cuda_segments(const int64_t *idx, int64_t n, int64_t rows, int64_t *seg, int64_t *order,
                                    int64_t *keys, int64_t *vals, void *tmp, size_t tmp_bytes,
                                    cudaStream_t stream);
+/* A segment table describes n indices in [0, rows) sorted by value (ties by position):
+ * - dense layout (rows not much larger than n): start[0..rows], rows + 1 words;
+ * - sparse layout (rows >> n): the n sorted indices (start(v) = first position whose index
+ *   is >= v, by bisection), then 2n words of sorting scratch: 3n words.
+ * Both sizes are saturated at INT64_MAX (a workspace that large is refused, never wrapped). */
+static inline __host__ __device__ int opgen_seg_dense(int64_t rows, int64_t n) {
+    return rows <= 4096 || (rows - 4096) / 4 <= n;
+}
+static inline __host__ __device__ int64_t opgen_seg_words(int64_t rows, int64_t n) {
+    if (opgen_seg_dense(rows, n)) return rows < INT64_MAX ? rows + 1 : INT64_MAX;
+    return n <= INT64_MAX / 3 ? 3 * n : INT64_MAX;
+}
+/* The first position of segment v (0 <= v <= rows; v == rows gives n). */
+static inline __host__ __device__ int64_t opgen_seg_start(const int64_t *seg, int64_t v, int64_t rows, int64_t n) {
+    if (opgen_seg_dense(rows, n)) return seg[v];
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (seg[mid] < v) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
 /* OPGEN_SUCCESS, or OPGEN_ERR_INTERNAL with the CUDA error of the last launch. */
 opgen_status_t opgen_cuda_launched(const char *what);
 

@@ -3,95 +3,99 @@
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward_f16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *grad_y = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *p_grad_y = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad_y = a.bufs[0].ro;
-    const uint16_t *__restrict__ x = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_x = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_x = a.bufs[1].ro;
-    const uint16_t *__restrict__ w = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_w = (const uint16_t *)a.bufs[2].data;
     const int64_t st_w_0 = a.bufs[2].st[0];
-    const float eps = a.sc[3].f;
-    uint16_t *grad_x = (uint16_t *)a.bufs[4].data;
+    const float p_eps = a.sc[3].f;
+    uint16_t *p_grad_x = (uint16_t *)a.bufs[4].data;
     const int64_t *ro_grad_x = a.bufs[4].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v2 = 0ll;
-    const int64_t v3 = ((d_N + 31) / 32);
-    const int64_t v4 = 32ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_D;
-    const float v7 = (float)(v6);
-    const float v8 = eps;
-    for (int64_t i9 = v2 + (int64_t)blockIdx.x; i9 < v3; i9 += (int64_t)gridDim.x) {
-        float *__restrict__ l10 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v2 = d_D;
+    const int64_t v3 = 0ll;
+    const bool v4 = v2 == v3;
+    const bool v5 = v2 == v3;
+    const bool v6 = v4 && v5;
+    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v8 = v6 ? v3 : v7;
+    const int64_t v9 = 32ll;
+    const int64_t v10 = d_N;
+    const float v11 = (float)(v2);
+    const float v12 = p_eps;
+    for (int64_t i13 = v3 + (int64_t)blockIdx.x; i13 < v8; i13 += (int64_t)gridDim.x) {
+        float *__restrict__ l14 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z11 = threadIdx.x * 4; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS * 4) for (size_t z11j = z11; z11j < z11 + 4 && z11j < (size_t)d_D; z11j++) l10[z11j] = (float)0;
-        const int64_t v12 = i9 * v4;
-        const int64_t v13 = v12 + v4;
-        const int64_t v14 = ((v13 < v5 || v13 != v13) ? v13 : v5);
-        for (int64_t i15 = v12; i15 < v14; i15++) {
-            float l16 = (float)0;
-            float l17 = (float)0;
-            float l18 = (float)0;
-            float l19 = (float)0;
+        for (size_t z15 = threadIdx.x * 4; z15 < (size_t)d_D; z15 += OPGEN_CUDA_THREADS * 4) for (size_t z15j = z15; z15j < z15 + 4 && z15j < (size_t)d_D; z15j++) l14[z15j] = (float)0;
+        const int64_t v16 = i13 * v9;
+        const int64_t v17 = v16 + v9;
+        const int64_t v18 = ((v17 < v10 || v17 != v17) ? v17 : v10);
+        for (int64_t i19 = v16; i19 < v18; i19++) {
+            float l20 = (float)0;
+            float l21 = (float)0;
+            float l22 = (float)0;
+            float l23 = (float)0;
             {
-                float part21 = threadIdx.x == 0 ? l17 : (float)0;
-                float part22 = threadIdx.x == 0 ? l19 : (float)0;
-                for (int64_t vq30 = threadIdx.x; v2 + vq30 * 8 < v6; vq30 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb29 = v2 + vq30 * 8;
-                    for (int64_t i23 = vb29; i23 < vb29 + 8 && i23 < v6; i23++) {
-                        const float v31 = opgen_f16_to_f32(x[ro_x[i15] + i23]);
-                        const float v32 = v31 * v31;
-                        part21 += v32;
-                        const float v33 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i23]);
-                        const float v34 = opgen_f16_to_f32(w[i23 * st_w_0]);
-                        const float v35 = v33 * v34;
-                        const float v36 = opgen_f16_to_f32(x[ro_x[i15] + i23]);
-                        const float v37 = v35 * v36;
-                        part22 += v37;
+                float part25 = threadIdx.x == 0 ? l21 : (float)0;
+                float part26 = threadIdx.x == 0 ? l23 : (float)0;
+                for (int64_t vq34 = threadIdx.x; v3 + vq34 * 8 < v2; vq34 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb33 = v3 + vq34 * 8;
+                    for (int64_t i27 = vb33; i27 < vb33 + 8 && i27 < v2; i27++) {
+                        const float v35 = opgen_f16_to_f32(p_x[ro_x[i19] + i27]);
+                        const float v36 = v35 * v35;
+                        part25 += v36;
+                        const float v37 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i19] + i27]);
+                        const float v38 = opgen_f16_to_f32(p_w[i27 * st_w_0]);
+                        const float v39 = v37 * v38;
+                        const float v40 = opgen_f16_to_f32(p_x[ro_x[i19] + i27]);
+                        const float v41 = v39 * v40;
+                        part26 += v41;
                     }
                 }
-                float red38[2] = {part21, part22};
-                opgen_block_reduce_n<0, float, 2>(red38);
-                l17 = red38[0];
-                l19 = red38[1];
+                float red42[2] = {part25, part26};
+                opgen_block_reduce_n<0, float, 2>(red42);
+                l21 = red42[0];
+                l23 = red42[1];
             }
-            const float v39 = l17;
-            l16 = v39;
-            const float v40 = l19;
-            l18 = v40;
-            for (int64_t vq50 = threadIdx.x; v2 + vq50 * 4 < v6; vq50 += OPGEN_CUDA_THREADS) {
-                const int64_t vb49 = v2 + vq50 * 4;
-                for (int64_t i42 = vb49; i42 < vb49 + 4 && i42 < v6; i42++) {
-                    const float v51 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i42]);
-                    const float v52 = opgen_f16_to_f32(x[ro_x[i15] + i42]);
-                    const float v53 = v51 * v52;
-                    const float v54 = l16;
-                    const float v55 = v54 / v7;
-                    const float v56 = v55 + v8;
-                    const float v57 = 1.0f / sqrtf(v56);
-                    const float v58 = v53 * v57;
-                    l10[i42] += v58;
-                    const float v59 = opgen_f16_to_f32(w[i42 * st_w_0]);
-                    const float v60 = v51 * v59;
-                    const float v61 = v60 * v57;
-                    const float v62 = l18;
-                    const float v63 = v62 / v7;
-                    const float v64 = v63 * v57;
-                    const float v65 = v64 * v57;
-                    const float v66 = v65 * v57;
-                    const float v67 = v52 * v66;
-                    const float v68 = v61 - v67;
-                    grad_x[ro_grad_x[i15] + i42] = opgen_f32_to_f16(v68);
+            const float v43 = l21;
+            l20 = v43;
+            const float v44 = l23;
+            l22 = v44;
+            for (int64_t vq54 = threadIdx.x; v3 + vq54 * 4 < v2; vq54 += OPGEN_CUDA_THREADS) {
+                const int64_t vb53 = v3 + vq54 * 4;
+                for (int64_t i46 = vb53; i46 < vb53 + 4 && i46 < v2; i46++) {
+                    const float v55 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i19] + i46]);
+                    const float v56 = opgen_f16_to_f32(p_x[ro_x[i19] + i46]);
+                    const float v57 = v55 * v56;
+                    const float v58 = l20;
+                    const float v59 = v58 / v11;
+                    const float v60 = v59 + v12;
+                    const float v61 = 1.0f / sqrtf(v60);
+                    const float v62 = v57 * v61;
+                    l14[i46] += v62;
+                    const float v63 = opgen_f16_to_f32(p_w[i46 * st_w_0]);
+                    const float v64 = v55 * v63;
+                    const float v65 = v64 * v61;
+                    const float v66 = l22;
+                    const float v67 = v66 / v11;
+                    const float v68 = v67 * v61;
+                    const float v69 = v68 * v61;
+                    const float v70 = v69 * v61;
+                    const float v71 = v56 * v70;
+                    const float v72 = v65 - v71;
+                    p_grad_x[ro_grad_x[i19] + i46] = opgen_f32_to_f16(v72);
                 }
             }
         }
         __syncthreads();
-        for (int64_t vq75 = threadIdx.x; v2 + vq75 * 4 < v6; vq75 += OPGEN_CUDA_THREADS) {
-            const int64_t vb74 = v2 + vq75 * 4;
-            for (int64_t i70 = vb74; i70 < vb74 + 4 && i70 < v6; i70++) {
-                const float v76 = l10[i70];
-                t1[i9 * d_D + i70] = v76;
+        for (int64_t vq79 = threadIdx.x; v3 + vq79 * 4 < v2; vq79 += OPGEN_CUDA_THREADS) {
+            const int64_t vb78 = v3 + vq79 * 4;
+            for (int64_t i74 = vb78; i74 < vb78 + 4 && i74 < v2; i74++) {
+                const float v80 = l14[i74];
+                t1[i13 * d_D + i74] = v80;
             }
         }
         __syncthreads();
@@ -100,31 +104,36 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward_f16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    uint16_t *__restrict__ grad_w = (uint16_t *)a.bufs[5].data;
+    uint16_t *__restrict__ p_grad_w = (uint16_t *)a.bufs[5].data;
     const int64_t st_grad_w_0 = a.bufs[5].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_D;
-    const int64_t v79 = ((d_N + 31) / 32);
-    for (int64_t i80 = v77 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i80 < v78; i80 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l81 = (float)0;
-        for (int64_t i82 = v77; i82 < v79; i82++) {
-            const float v83 = t1[i82 * d_D + i80];
-            l81 += v83;
+    const int64_t v81 = 0ll;
+    const int64_t v82 = d_D;
+    const int64_t v83 = ((d_N + 31) / 32);
+    for (int64_t i84 = v81 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i84 < v82; i84 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l85 = (float)0;
+        for (int64_t i86 = v81; i86 < v83; i86++) {
+            const float v87 = t1[i86 * d_D + i84];
+            l85 += v87;
         }
-        const float v84 = l81;
-        grad_w[i80 * st_grad_w_0] = opgen_f32_to_f16(v84);
+        const float v88 = l85;
+        p_grad_w[i84 * st_grad_w_0] = opgen_f32_to_f16(v88);
     }
 }
 
 static void k_rms_norm_backward_f16_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v85 = 0ll;
-    const int64_t v86 = ((d_N + 31) / 32);
-    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v86 - v85, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v89 = d_D;
+    const int64_t v90 = 0ll;
+    const bool v91 = v89 == v90;
+    const bool v92 = v89 == v90;
+    const bool v93 = v91 && v92;
+    const int64_t v94 = ((d_N + 31) / 32);
+    const int64_t v95 = v93 ? v90 : v94;
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v95 - v90, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
@@ -158,172 +167,181 @@ static opgen_status_t k_rms_norm_backward_f16_g(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v87 = 0ll;
-    const int64_t v88 = ((d_N + 31) / 32);
-    const int64_t v89 = 0ll;
-    const int64_t v90 = d_D;
+    const int64_t v96 = d_D;
+    const int64_t v97 = 0ll;
+    const bool v98 = v96 == v97;
+    const bool v99 = v96 == v97;
+    const bool v100 = v98 && v99;
+    const int64_t v101 = ((d_N + 31) / 32);
+    const int64_t v102 = v100 ? v97 : v101;
+    const int64_t v103 = 0ll;
+    const int64_t v104 = d_D;
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid91 = opgen_cuda_grid(v88 - v87, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid91 > 0) k_rms_norm_backward_f16_g_k0<<<(unsigned)grid91, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid92 = opgen_cuda_grid((v90 - v89 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid92 > 0) k_rms_norm_backward_f16_g_k1<<<(unsigned)grid92, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid105 = opgen_cuda_grid(v102 - v97, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid105 > 0) k_rms_norm_backward_f16_g_k0<<<(unsigned)grid105, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid106 = opgen_cuda_grid((v104 - v103 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid106 > 0) k_rms_norm_backward_f16_g_k1<<<(unsigned)grid106, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward_f16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *grad_y = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *p_grad_y = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad_y = a.bufs[0].ro;
-    const uint16_t *__restrict__ x = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_x = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_x = a.bufs[1].ro;
-    const uint16_t *__restrict__ w = (const uint16_t *)a.bufs[2].data;
-    const float eps = a.sc[3].f;
-    uint16_t *grad_x = (uint16_t *)a.bufs[4].data;
+    const uint16_t *__restrict__ p_w = (const uint16_t *)a.bufs[2].data;
+    const float p_eps = a.sc[3].f;
+    uint16_t *p_grad_x = (uint16_t *)a.bufs[4].data;
     const int64_t *ro_grad_x = a.bufs[4].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v2 = 0ll;
-    const int64_t v3 = ((d_N + 31) / 32);
-    const int64_t v4 = 32ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_D;
-    const float v7 = (float)(v6);
-    const float v8 = eps;
-    for (int64_t i9 = v2 + (int64_t)blockIdx.x; i9 < v3; i9 += (int64_t)gridDim.x) {
-        float *__restrict__ l10 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v2 = d_D;
+    const int64_t v3 = 0ll;
+    const bool v4 = v2 == v3;
+    const bool v5 = v2 == v3;
+    const bool v6 = v4 && v5;
+    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v8 = v6 ? v3 : v7;
+    const int64_t v9 = 32ll;
+    const int64_t v10 = d_N;
+    const float v11 = (float)(v2);
+    const float v12 = p_eps;
+    for (int64_t i13 = v3 + (int64_t)blockIdx.x; i13 < v8; i13 += (int64_t)gridDim.x) {
+        float *__restrict__ l14 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z11 = threadIdx.x * 4; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS * 4) for (size_t z11j = z11; z11j < z11 + 4 && z11j < (size_t)d_D; z11j++) l10[z11j] = (float)0;
-        const int64_t v12 = i9 * v4;
-        const int64_t v13 = v12 + v4;
-        const int64_t v14 = ((v13 < v5 || v13 != v13) ? v13 : v5);
-        for (int64_t i15 = v12; i15 < v14; i15++) {
-            float l16 = (float)0;
-            float l17 = (float)0;
-            float l18 = (float)0;
-            float l19 = (float)0;
+        for (size_t z15 = threadIdx.x * 4; z15 < (size_t)d_D; z15 += OPGEN_CUDA_THREADS * 4) for (size_t z15j = z15; z15j < z15 + 4 && z15j < (size_t)d_D; z15j++) l14[z15j] = (float)0;
+        const int64_t v16 = i13 * v9;
+        const int64_t v17 = v16 + v9;
+        const int64_t v18 = ((v17 < v10 || v17 != v17) ? v17 : v10);
+        for (int64_t i19 = v16; i19 < v18; i19++) {
+            float l20 = (float)0;
+            float l21 = (float)0;
+            float l22 = (float)0;
+            float l23 = (float)0;
             {
-                float part21 = threadIdx.x == 0 ? l17 : (float)0;
-                float part22 = threadIdx.x == 0 ? l19 : (float)0;
-                const bool vok28 = ((uintptr_t)&x[ro_x[i15] + v2] % 16u == 0) && ((uintptr_t)&grad_y[ro_grad_y[i15] + v2] % 16u == 0) && ((uintptr_t)&w[v2] % 16u == 0);
-                for (int64_t vq30 = threadIdx.x; v2 + vq30 * 8 < v6; vq30 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb29 = v2 + vq30 * 8;
-                    if (vok28 && vb29 + 8 <= v6) {
-                        opgen_vec<uint16_t, 8> vec24 = *(const opgen_vec<uint16_t, 8> *)&x[ro_x[i15] + vb29];
-                        opgen_vec<uint16_t, 8> vec25 = *(const opgen_vec<uint16_t, 8> *)&grad_y[ro_grad_y[i15] + vb29];
-                        opgen_vec<uint16_t, 8> vec26 = *(const opgen_vec<uint16_t, 8> *)&w[vb29];
+                float part25 = threadIdx.x == 0 ? l21 : (float)0;
+                float part26 = threadIdx.x == 0 ? l23 : (float)0;
+                const bool vok32 = ((uintptr_t)&p_x[ro_x[i19] + v3] % 16u == 0) && ((uintptr_t)&p_grad_y[ro_grad_y[i19] + v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0);
+                for (int64_t vq34 = threadIdx.x; v3 + vq34 * 8 < v2; vq34 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb33 = v3 + vq34 * 8;
+                    if (vok32 && vb33 + 8 <= v2) {
+                        opgen_vec<uint16_t, 8> vec28 = *(const opgen_vec<uint16_t, 8> *)&p_x[ro_x[i19] + vb33];
+                        opgen_vec<uint16_t, 8> vec29 = *(const opgen_vec<uint16_t, 8> *)&p_grad_y[ro_grad_y[i19] + vb33];
+                        opgen_vec<uint16_t, 8> vec30 = *(const opgen_vec<uint16_t, 8> *)&p_w[vb33];
                         #pragma unroll
-                        for (int vj31 = 0; vj31 < 8; vj31++) {
-                            const float v32 = opgen_f16_to_f32(vec24.v[vj31]);
-                            const float v33 = v32 * v32;
-                            part21 += v33;
-                            const float v34 = opgen_f16_to_f32(vec25.v[vj31]);
-                            const float v35 = opgen_f16_to_f32(vec26.v[vj31]);
-                            const float v36 = v34 * v35;
-                            const float v37 = opgen_f16_to_f32(vec24.v[vj31]);
-                            const float v38 = v36 * v37;
-                            part22 += v38;
+                        for (int vj35 = 0; vj35 < 8; vj35++) {
+                            const float v36 = opgen_f16_to_f32(vec28.v[vj35]);
+                            const float v37 = v36 * v36;
+                            part25 += v37;
+                            const float v38 = opgen_f16_to_f32(vec29.v[vj35]);
+                            const float v39 = opgen_f16_to_f32(vec30.v[vj35]);
+                            const float v40 = v38 * v39;
+                            const float v41 = opgen_f16_to_f32(vec28.v[vj35]);
+                            const float v42 = v40 * v41;
+                            part26 += v42;
                         }
                     } else {
-                        for (int64_t i23 = vb29; i23 < vb29 + 8 && i23 < v6; i23++) {
-                            const float v39 = opgen_f16_to_f32(x[ro_x[i15] + i23]);
-                            const float v40 = v39 * v39;
-                            part21 += v40;
-                            const float v41 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i23]);
-                            const float v42 = opgen_f16_to_f32(w[i23]);
-                            const float v43 = v41 * v42;
-                            const float v44 = opgen_f16_to_f32(x[ro_x[i15] + i23]);
-                            const float v45 = v43 * v44;
-                            part22 += v45;
+                        for (int64_t i27 = vb33; i27 < vb33 + 8 && i27 < v2; i27++) {
+                            const float v43 = opgen_f16_to_f32(p_x[ro_x[i19] + i27]);
+                            const float v44 = v43 * v43;
+                            part25 += v44;
+                            const float v45 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i19] + i27]);
+                            const float v46 = opgen_f16_to_f32(p_w[i27]);
+                            const float v47 = v45 * v46;
+                            const float v48 = opgen_f16_to_f32(p_x[ro_x[i19] + i27]);
+                            const float v49 = v47 * v48;
+                            part26 += v49;
                         }
                     }
                 }
-                float red46[2] = {part21, part22};
-                opgen_block_reduce_n<0, float, 2>(red46);
-                l17 = red46[0];
-                l19 = red46[1];
+                float red50[2] = {part25, part26};
+                opgen_block_reduce_n<0, float, 2>(red50);
+                l21 = red50[0];
+                l23 = red50[1];
             }
-            const float v47 = l17;
-            l16 = v47;
-            const float v48 = l19;
-            l18 = v48;
-            const bool vok56 = ((uintptr_t)&grad_y[ro_grad_y[i15] + v2] % 8u == 0) && ((uintptr_t)&x[ro_x[i15] + v2] % 8u == 0) && ((uintptr_t)&l10[v2] % 16u == 0) && ((uintptr_t)&w[v2] % 8u == 0) && ((uintptr_t)&grad_x[ro_grad_x[i15] + v2] % 8u == 0);
-            for (int64_t vq58 = threadIdx.x; v2 + vq58 * 4 < v6; vq58 += OPGEN_CUDA_THREADS) {
-                const int64_t vb57 = v2 + vq58 * 4;
-                if (vok56 && vb57 + 4 <= v6) {
-                    opgen_vec<uint16_t, 4> vec51 = *(const opgen_vec<uint16_t, 4> *)&grad_y[ro_grad_y[i15] + vb57];
-                    opgen_vec<uint16_t, 4> vec52 = *(const opgen_vec<uint16_t, 4> *)&x[ro_x[i15] + vb57];
-                    opgen_vec<float, 4> vec53 = *(const opgen_vec<float, 4> *)&l10[vb57];
-                    opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&w[vb57];
-                    opgen_vec<uint16_t, 4> vec55;
+            const float v51 = l21;
+            l20 = v51;
+            const float v52 = l23;
+            l22 = v52;
+            const bool vok60 = ((uintptr_t)&p_grad_y[ro_grad_y[i19] + v3] % 8u == 0) && ((uintptr_t)&p_x[ro_x[i19] + v3] % 8u == 0) && ((uintptr_t)&l14[v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 8u == 0) && ((uintptr_t)&p_grad_x[ro_grad_x[i19] + v3] % 8u == 0);
+            for (int64_t vq62 = threadIdx.x; v3 + vq62 * 4 < v2; vq62 += OPGEN_CUDA_THREADS) {
+                const int64_t vb61 = v3 + vq62 * 4;
+                if (vok60 && vb61 + 4 <= v2) {
+                    opgen_vec<uint16_t, 4> vec55 = *(const opgen_vec<uint16_t, 4> *)&p_grad_y[ro_grad_y[i19] + vb61];
+                    opgen_vec<uint16_t, 4> vec56 = *(const opgen_vec<uint16_t, 4> *)&p_x[ro_x[i19] + vb61];
+                    opgen_vec<float, 4> vec57 = *(const opgen_vec<float, 4> *)&l14[vb61];
+                    opgen_vec<uint16_t, 4> vec58 = *(const opgen_vec<uint16_t, 4> *)&p_w[vb61];
+                    opgen_vec<uint16_t, 4> vec59;
                     #pragma unroll
-                    for (int vj59 = 0; vj59 < 4; vj59++) {
-                        const float v60 = opgen_f16_to_f32(vec51.v[vj59]);
-                        const float v61 = opgen_f16_to_f32(vec52.v[vj59]);
-                        const float v62 = v60 * v61;
-                        const float v63 = l16;
-                        const float v64 = v63 / v7;
-                        const float v65 = v64 + v8;
-                        const float v66 = 1.0f / sqrtf(v65);
-                        const float v67 = v62 * v66;
-                        vec53.v[vj59] += v67;
-                        const float v68 = opgen_f16_to_f32(vec54.v[vj59]);
-                        const float v69 = v60 * v68;
-                        const float v70 = v69 * v66;
-                        const float v71 = l18;
-                        const float v72 = v71 / v7;
-                        const float v73 = v72 * v66;
-                        const float v74 = v73 * v66;
-                        const float v75 = v74 * v66;
-                        const float v76 = v61 * v75;
-                        const float v77 = v70 - v76;
-                        vec55.v[vj59] = opgen_f32_to_f16(v77);
+                    for (int vj63 = 0; vj63 < 4; vj63++) {
+                        const float v64 = opgen_f16_to_f32(vec55.v[vj63]);
+                        const float v65 = opgen_f16_to_f32(vec56.v[vj63]);
+                        const float v66 = v64 * v65;
+                        const float v67 = l20;
+                        const float v68 = v67 / v11;
+                        const float v69 = v68 + v12;
+                        const float v70 = 1.0f / sqrtf(v69);
+                        const float v71 = v66 * v70;
+                        vec57.v[vj63] += v71;
+                        const float v72 = opgen_f16_to_f32(vec58.v[vj63]);
+                        const float v73 = v64 * v72;
+                        const float v74 = v73 * v70;
+                        const float v75 = l22;
+                        const float v76 = v75 / v11;
+                        const float v77 = v76 * v70;
+                        const float v78 = v77 * v70;
+                        const float v79 = v78 * v70;
+                        const float v80 = v65 * v79;
+                        const float v81 = v74 - v80;
+                        vec59.v[vj63] = opgen_f32_to_f16(v81);
                     }
-                    *(opgen_vec<float, 4> *)&l10[vb57] = vec53;
-                    *(opgen_vec<uint16_t, 4> *)&grad_x[ro_grad_x[i15] + vb57] = vec55;
+                    *(opgen_vec<float, 4> *)&l14[vb61] = vec57;
+                    *(opgen_vec<uint16_t, 4> *)&p_grad_x[ro_grad_x[i19] + vb61] = vec59;
                 } else {
-                    for (int64_t i50 = vb57; i50 < vb57 + 4 && i50 < v6; i50++) {
-                        const float v78 = opgen_f16_to_f32(grad_y[ro_grad_y[i15] + i50]);
-                        const float v79 = opgen_f16_to_f32(x[ro_x[i15] + i50]);
-                        const float v80 = v78 * v79;
-                        const float v81 = l16;
-                        const float v82 = v81 / v7;
-                        const float v83 = v82 + v8;
-                        const float v84 = 1.0f / sqrtf(v83);
-                        const float v85 = v80 * v84;
-                        l10[i50] += v85;
-                        const float v86 = opgen_f16_to_f32(w[i50]);
-                        const float v87 = v78 * v86;
-                        const float v88 = v87 * v84;
-                        const float v89 = l18;
-                        const float v90 = v89 / v7;
-                        const float v91 = v90 * v84;
-                        const float v92 = v91 * v84;
-                        const float v93 = v92 * v84;
-                        const float v94 = v79 * v93;
-                        const float v95 = v88 - v94;
-                        grad_x[ro_grad_x[i15] + i50] = opgen_f32_to_f16(v95);
+                    for (int64_t i54 = vb61; i54 < vb61 + 4 && i54 < v2; i54++) {
+                        const float v82 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i19] + i54]);
+                        const float v83 = opgen_f16_to_f32(p_x[ro_x[i19] + i54]);
+                        const float v84 = v82 * v83;
+                        const float v85 = l20;
+                        const float v86 = v85 / v11;
+                        const float v87 = v86 + v12;
+                        const float v88 = 1.0f / sqrtf(v87);
+                        const float v89 = v84 * v88;
+                        l14[i54] += v89;
+                        const float v90 = opgen_f16_to_f32(p_w[i54]);
+                        const float v91 = v82 * v90;
+                        const float v92 = v91 * v88;
+                        const float v93 = l22;
+                        const float v94 = v93 / v11;
+                        const float v95 = v94 * v88;
+                        const float v96 = v95 * v88;
+                        const float v97 = v96 * v88;
+                        const float v98 = v83 * v97;
+                        const float v99 = v92 - v98;
+                        p_grad_x[ro_grad_x[i19] + i54] = opgen_f32_to_f16(v99);
                     }
                 }
             }
         }
         __syncthreads();
-        const bool vok100 = ((uintptr_t)&l10[v2] % 16u == 0) && ((uintptr_t)&t1[i9 * d_D + v2] % 16u == 0);
-        for (int64_t vq102 = threadIdx.x; v2 + vq102 * 4 < v6; vq102 += OPGEN_CUDA_THREADS) {
-            const int64_t vb101 = v2 + vq102 * 4;
-            if (vok100 && vb101 + 4 <= v6) {
-                opgen_vec<float, 4> vec98 = *(const opgen_vec<float, 4> *)&l10[vb101];
-                opgen_vec<float, 4> vec99;
+        const bool vok104 = ((uintptr_t)&l14[v3] % 16u == 0) && ((uintptr_t)&t1[i13 * d_D + v3] % 16u == 0);
+        for (int64_t vq106 = threadIdx.x; v3 + vq106 * 4 < v2; vq106 += OPGEN_CUDA_THREADS) {
+            const int64_t vb105 = v3 + vq106 * 4;
+            if (vok104 && vb105 + 4 <= v2) {
+                opgen_vec<float, 4> vec102 = *(const opgen_vec<float, 4> *)&l14[vb105];
+                opgen_vec<float, 4> vec103;
                 #pragma unroll
-                for (int vj103 = 0; vj103 < 4; vj103++) {
-                    const float v104 = vec98.v[vj103];
-                    vec99.v[vj103] = v104;
+                for (int vj107 = 0; vj107 < 4; vj107++) {
+                    const float v108 = vec102.v[vj107];
+                    vec103.v[vj107] = v108;
                 }
-                *(opgen_vec<float, 4> *)&t1[i9 * d_D + vb101] = vec99;
+                *(opgen_vec<float, 4> *)&t1[i13 * d_D + vb105] = vec103;
             } else {
-                for (int64_t i97 = vb101; i97 < vb101 + 4 && i97 < v6; i97++) {
-                    const float v105 = l10[i97];
-                    t1[i9 * d_D + i97] = v105;
+                for (int64_t i101 = vb105; i101 < vb105 + 4 && i101 < v2; i101++) {
+                    const float v109 = l14[i101];
+                    t1[i13 * d_D + i101] = v109;
                 }
             }
         }
@@ -333,21 +351,21 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward_f16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    uint16_t *__restrict__ grad_w = (uint16_t *)a.bufs[5].data;
+    uint16_t *__restrict__ p_grad_w = (uint16_t *)a.bufs[5].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v106 = 0ll;
-    const int64_t v107 = d_D;
-    const int64_t v108 = ((d_N + 31) / 32);
-    for (int64_t i109 = v106 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i109 < v107; i109 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l110 = (float)0;
-        for (int64_t i111 = v106; i111 < v108; i111++) {
-            const float v112 = t1[i111 * d_D + i109];
-            l110 += v112;
+    const int64_t v110 = 0ll;
+    const int64_t v111 = d_D;
+    const int64_t v112 = ((d_N + 31) / 32);
+    for (int64_t i113 = v110 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i113 < v111; i113 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l114 = (float)0;
+        for (int64_t i115 = v110; i115 < v112; i115++) {
+            const float v116 = t1[i115 * d_D + i113];
+            l114 += v116;
         }
-        const float v113 = l110;
-        grad_w[i109] = opgen_f32_to_f16(v113);
+        const float v117 = l114;
+        p_grad_w[i113] = opgen_f32_to_f16(v117);
     }
 }
 
@@ -363,15 +381,20 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v116 = 0ll;
-    const int64_t v117 = ((d_N + 31) / 32);
-    const int64_t v118 = 0ll;
-    const int64_t v119 = d_D;
+    const int64_t v125 = d_D;
+    const int64_t v126 = 0ll;
+    const bool v127 = v125 == v126;
+    const bool v128 = v125 == v126;
+    const bool v129 = v127 && v128;
+    const int64_t v130 = ((d_N + 31) / 32);
+    const int64_t v131 = v129 ? v126 : v130;
+    const int64_t v132 = 0ll;
+    const int64_t v133 = d_D;
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid120 = opgen_cuda_grid(v117 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid120 > 0) k_rms_norm_backward_f16_u_k0<<<(unsigned)grid120, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid121 = opgen_cuda_grid((v119 - v118 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid121 > 0) k_rms_norm_backward_f16_u_k1<<<(unsigned)grid121, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid134 = opgen_cuda_grid(v131 - v126, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid134 > 0) k_rms_norm_backward_f16_u_k0<<<(unsigned)grid134, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid135 = opgen_cuda_grid((v133 - v132 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid135 > 0) k_rms_norm_backward_f16_u_k1<<<(unsigned)grid135, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f16_u");
 }
 
@@ -383,95 +406,99 @@ static opgen_status_t k_rms_norm_backward_f16(const opgen_buf_t *bufs, const int
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward_f32_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *grad_y = (const float *)a.bufs[0].data;
+    const float *p_grad_y = (const float *)a.bufs[0].data;
     const int64_t *ro_grad_y = a.bufs[0].ro;
-    const float *__restrict__ x = (const float *)a.bufs[1].data;
+    const float *__restrict__ p_x = (const float *)a.bufs[1].data;
     const int64_t *ro_x = a.bufs[1].ro;
-    const float *__restrict__ w = (const float *)a.bufs[2].data;
+    const float *__restrict__ p_w = (const float *)a.bufs[2].data;
     const int64_t st_w_0 = a.bufs[2].st[0];
-    const float eps = a.sc[3].f;
-    float *grad_x = (float *)a.bufs[4].data;
+    const float p_eps = a.sc[3].f;
+    float *p_grad_x = (float *)a.bufs[4].data;
     const int64_t *ro_grad_x = a.bufs[4].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v2 = 0ll;
-    const int64_t v3 = ((d_N + 31) / 32);
-    const int64_t v4 = 32ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_D;
-    const float v7 = (float)(v6);
-    const float v8 = eps;
-    for (int64_t i9 = v2 + (int64_t)blockIdx.x; i9 < v3; i9 += (int64_t)gridDim.x) {
-        float *__restrict__ l10 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v2 = d_D;
+    const int64_t v3 = 0ll;
+    const bool v4 = v2 == v3;
+    const bool v5 = v2 == v3;
+    const bool v6 = v4 && v5;
+    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v8 = v6 ? v3 : v7;
+    const int64_t v9 = 32ll;
+    const int64_t v10 = d_N;
+    const float v11 = (float)(v2);
+    const float v12 = p_eps;
+    for (int64_t i13 = v3 + (int64_t)blockIdx.x; i13 < v8; i13 += (int64_t)gridDim.x) {
+        float *__restrict__ l14 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z11 = threadIdx.x * 4; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS * 4) for (size_t z11j = z11; z11j < z11 + 4 && z11j < (size_t)d_D; z11j++) l10[z11j] = (float)0;
-        const int64_t v12 = i9 * v4;
-        const int64_t v13 = v12 + v4;
-        const int64_t v14 = ((v13 < v5 || v13 != v13) ? v13 : v5);
-        for (int64_t i15 = v12; i15 < v14; i15++) {
-            float l16 = (float)0;
-            float l17 = (float)0;
-            float l18 = (float)0;
-            float l19 = (float)0;
+        for (size_t z15 = threadIdx.x * 4; z15 < (size_t)d_D; z15 += OPGEN_CUDA_THREADS * 4) for (size_t z15j = z15; z15j < z15 + 4 && z15j < (size_t)d_D; z15j++) l14[z15j] = (float)0;
+        const int64_t v16 = i13 * v9;
+        const int64_t v17 = v16 + v9;
+        const int64_t v18 = ((v17 < v10 || v17 != v17) ? v17 : v10);
+        for (int64_t i19 = v16; i19 < v18; i19++) {
+            float l20 = (float)0;
+            float l21 = (float)0;
+            float l22 = (float)0;
+            float l23 = (float)0;
             {
-                float part21 = threadIdx.x == 0 ? l17 : (float)0;
-                float part22 = threadIdx.x == 0 ? l19 : (float)0;
-                for (int64_t vq30 = threadIdx.x; v2 + vq30 * 4 < v6; vq30 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb29 = v2 + vq30 * 4;
-                    for (int64_t i23 = vb29; i23 < vb29 + 4 && i23 < v6; i23++) {
-                        const float v31 = x[ro_x[i15] + i23];
-                        const float v32 = v31 * v31;
-                        part21 += v32;
-                        const float v33 = grad_y[ro_grad_y[i15] + i23];
-                        const float v34 = w[i23 * st_w_0];
-                        const float v35 = v33 * v34;
-                        const float v36 = x[ro_x[i15] + i23];
-                        const float v37 = v35 * v36;
-                        part22 += v37;
+                float part25 = threadIdx.x == 0 ? l21 : (float)0;
+                float part26 = threadIdx.x == 0 ? l23 : (float)0;
+                for (int64_t vq34 = threadIdx.x; v3 + vq34 * 4 < v2; vq34 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb33 = v3 + vq34 * 4;
+                    for (int64_t i27 = vb33; i27 < vb33 + 4 && i27 < v2; i27++) {
+                        const float v35 = p_x[ro_x[i19] + i27];
+                        const float v36 = v35 * v35;
+                        part25 += v36;
+                        const float v37 = p_grad_y[ro_grad_y[i19] + i27];
+                        const float v38 = p_w[i27 * st_w_0];
+                        const float v39 = v37 * v38;
+                        const float v40 = p_x[ro_x[i19] + i27];
+                        const float v41 = v39 * v40;
+                        part26 += v41;
                     }
                 }
-                float red38[2] = {part21, part22};
-                opgen_block_reduce_n<0, float, 2>(red38);
-                l17 = red38[0];
-                l19 = red38[1];
+                float red42[2] = {part25, part26};
+                opgen_block_reduce_n<0, float, 2>(red42);
+                l21 = red42[0];
+                l23 = red42[1];
             }
-            const float v39 = l17;
-            l16 = v39;
-            const float v40 = l19;
-            l18 = v40;
-            for (int64_t vq50 = threadIdx.x; v2 + vq50 * 4 < v6; vq50 += OPGEN_CUDA_THREADS) {
-                const int64_t vb49 = v2 + vq50 * 4;
-                for (int64_t i42 = vb49; i42 < vb49 + 4 && i42 < v6; i42++) {
-                    const float v51 = grad_y[ro_grad_y[i15] + i42];
-                    const float v52 = x[ro_x[i15] + i42];
-                    const float v53 = v51 * v52;
-                    const float v54 = l16;
-                    const float v55 = v54 / v7;
-                    const float v56 = v55 + v8;
-                    const float v57 = 1.0f / sqrtf(v56);
-                    const float v58 = v53 * v57;
-                    l10[i42] += v58;
-                    const float v59 = w[i42 * st_w_0];
-                    const float v60 = v51 * v59;
-                    const float v61 = v60 * v57;
-                    const float v62 = l18;
-                    const float v63 = v62 / v7;
-                    const float v64 = v63 * v57;
-                    const float v65 = v64 * v57;
-                    const float v66 = v65 * v57;
-                    const float v67 = v52 * v66;
-                    const float v68 = v61 - v67;
-                    grad_x[ro_grad_x[i15] + i42] = v68;
+            const float v43 = l21;
+            l20 = v43;
+            const float v44 = l23;
+            l22 = v44;
+            for (int64_t vq54 = threadIdx.x; v3 + vq54 * 4 < v2; vq54 += OPGEN_CUDA_THREADS) {
+                const int64_t vb53 = v3 + vq54 * 4;
+                for (int64_t i46 = vb53; i46 < vb53 + 4 && i46 < v2; i46++) {
+                    const float v55 = p_grad_y[ro_grad_y[i19] + i46];
+                    const float v56 = p_x[ro_x[i19] + i46];
+                    const float v57 = v55 * v56;
+                    const float v58 = l20;
+                    const float v59 = v58 / v11;
+                    const float v60 = v59 + v12;
+                    const float v61 = 1.0f / sqrtf(v60);
+                    const float v62 = v57 * v61;
+                    l14[i46] += v62;
+                    const float v63 = p_w[i46 * st_w_0];
+                    const float v64 = v55 * v63;
+                    const float v65 = v64 * v61;
+                    const float v66 = l22;
+                    const float v67 = v66 / v11;
+                    const float v68 = v67 * v61;
+                    const float v69 = v68 * v61;
+                    const float v70 = v69 * v61;
+                    const float v71 = v56 * v70;
+                    const float v72 = v65 - v71;
+                    p_grad_x[ro_grad_x[i19] + i46] = v72;
                 }
             }
         }
         __syncthreads();
-        for (int64_t vq75 = threadIdx.x; v2 + vq75 * 4 < v6; vq75 += OPGEN_CUDA_THREADS) {
-            const int64_t vb74 = v2 + vq75 * 4;
-            for (int64_t i70 = vb74; i70 < vb74 + 4 && i70 < v6; i70++) {
-                const float v76 = l10[i70];
-                t1[i9 * d_D + i70] = v76;
+        for (int64_t vq79 = threadIdx.x; v3 + vq79 * 4 < v2; vq79 += OPGEN_CUDA_THREADS) {
+            const int64_t vb78 = v3 + vq79 * 4;
+            for (int64_t i74 = vb78; i74 < vb78 + 4 && i74 < v2; i74++) {
+                const float v80 = l14[i74];
+                t1[i13 * d_D + i74] = v80;
             }
         }
         __syncthreads();
@@ -480,31 +507,36 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward_f32_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    float *__restrict__ grad_w = (float *)a.bufs[5].data;
+    float *__restrict__ p_grad_w = (float *)a.bufs[5].data;
     const int64_t st_grad_w_0 = a.bufs[5].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_D;
-    const int64_t v79 = ((d_N + 31) / 32);
-    for (int64_t i80 = v77 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i80 < v78; i80 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l81 = (float)0;
-        for (int64_t i82 = v77; i82 < v79; i82++) {
-            const float v83 = t1[i82 * d_D + i80];
-            l81 += v83;
+    const int64_t v81 = 0ll;
+    const int64_t v82 = d_D;
+    const int64_t v83 = ((d_N + 31) / 32);
+    for (int64_t i84 = v81 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i84 < v82; i84 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l85 = (float)0;
+        for (int64_t i86 = v81; i86 < v83; i86++) {
+            const float v87 = t1[i86 * d_D + i84];
+            l85 += v87;
         }
-        const float v84 = l81;
-        grad_w[i80 * st_grad_w_0] = v84;
+        const float v88 = l85;
+        p_grad_w[i84 * st_grad_w_0] = v88;
     }
 }
 
 static void k_rms_norm_backward_f32_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v85 = 0ll;
-    const int64_t v86 = ((d_N + 31) / 32);
-    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v86 - v85, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v89 = d_D;
+    const int64_t v90 = 0ll;
+    const bool v91 = v89 == v90;
+    const bool v92 = v89 == v90;
+    const bool v93 = v91 && v92;
+    const int64_t v94 = ((d_N + 31) / 32);
+    const int64_t v95 = v93 ? v90 : v94;
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v95 - v90, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
@@ -538,172 +570,181 @@ static opgen_status_t k_rms_norm_backward_f32_g(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v87 = 0ll;
-    const int64_t v88 = ((d_N + 31) / 32);
-    const int64_t v89 = 0ll;
-    const int64_t v90 = d_D;
+    const int64_t v96 = d_D;
+    const int64_t v97 = 0ll;
+    const bool v98 = v96 == v97;
+    const bool v99 = v96 == v97;
+    const bool v100 = v98 && v99;
+    const int64_t v101 = ((d_N + 31) / 32);
+    const int64_t v102 = v100 ? v97 : v101;
+    const int64_t v103 = 0ll;
+    const int64_t v104 = d_D;
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid91 = opgen_cuda_grid(v88 - v87, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid91 > 0) k_rms_norm_backward_f32_g_k0<<<(unsigned)grid91, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid92 = opgen_cuda_grid((v90 - v89 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid92 > 0) k_rms_norm_backward_f32_g_k1<<<(unsigned)grid92, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid105 = opgen_cuda_grid(v102 - v97, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid105 > 0) k_rms_norm_backward_f32_g_k0<<<(unsigned)grid105, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid106 = opgen_cuda_grid((v104 - v103 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid106 > 0) k_rms_norm_backward_f32_g_k1<<<(unsigned)grid106, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f32_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward_f32_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const float *grad_y = (const float *)a.bufs[0].data;
+    const float *p_grad_y = (const float *)a.bufs[0].data;
     const int64_t *ro_grad_y = a.bufs[0].ro;
-    const float *__restrict__ x = (const float *)a.bufs[1].data;
+    const float *__restrict__ p_x = (const float *)a.bufs[1].data;
     const int64_t *ro_x = a.bufs[1].ro;
-    const float *__restrict__ w = (const float *)a.bufs[2].data;
-    const float eps = a.sc[3].f;
-    float *grad_x = (float *)a.bufs[4].data;
+    const float *__restrict__ p_w = (const float *)a.bufs[2].data;
+    const float p_eps = a.sc[3].f;
+    float *p_grad_x = (float *)a.bufs[4].data;
     const int64_t *ro_grad_x = a.bufs[4].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v2 = 0ll;
-    const int64_t v3 = ((d_N + 31) / 32);
-    const int64_t v4 = 32ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_D;
-    const float v7 = (float)(v6);
-    const float v8 = eps;
-    for (int64_t i9 = v2 + (int64_t)blockIdx.x; i9 < v3; i9 += (int64_t)gridDim.x) {
-        float *__restrict__ l10 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v2 = d_D;
+    const int64_t v3 = 0ll;
+    const bool v4 = v2 == v3;
+    const bool v5 = v2 == v3;
+    const bool v6 = v4 && v5;
+    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v8 = v6 ? v3 : v7;
+    const int64_t v9 = 32ll;
+    const int64_t v10 = d_N;
+    const float v11 = (float)(v2);
+    const float v12 = p_eps;
+    for (int64_t i13 = v3 + (int64_t)blockIdx.x; i13 < v8; i13 += (int64_t)gridDim.x) {
+        float *__restrict__ l14 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z11 = threadIdx.x * 4; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS * 4) for (size_t z11j = z11; z11j < z11 + 4 && z11j < (size_t)d_D; z11j++) l10[z11j] = (float)0;
-        const int64_t v12 = i9 * v4;
-        const int64_t v13 = v12 + v4;
-        const int64_t v14 = ((v13 < v5 || v13 != v13) ? v13 : v5);
-        for (int64_t i15 = v12; i15 < v14; i15++) {
-            float l16 = (float)0;
-            float l17 = (float)0;
-            float l18 = (float)0;
-            float l19 = (float)0;
+        for (size_t z15 = threadIdx.x * 4; z15 < (size_t)d_D; z15 += OPGEN_CUDA_THREADS * 4) for (size_t z15j = z15; z15j < z15 + 4 && z15j < (size_t)d_D; z15j++) l14[z15j] = (float)0;
+        const int64_t v16 = i13 * v9;
+        const int64_t v17 = v16 + v9;
+        const int64_t v18 = ((v17 < v10 || v17 != v17) ? v17 : v10);
+        for (int64_t i19 = v16; i19 < v18; i19++) {
+            float l20 = (float)0;
+            float l21 = (float)0;
+            float l22 = (float)0;
+            float l23 = (float)0;
             {
-                float part21 = threadIdx.x == 0 ? l17 : (float)0;
-                float part22 = threadIdx.x == 0 ? l19 : (float)0;
-                const bool vok28 = ((uintptr_t)&x[ro_x[i15] + v2] % 16u == 0) && ((uintptr_t)&grad_y[ro_grad_y[i15] + v2] % 16u == 0) && ((uintptr_t)&w[v2] % 16u == 0);
-                for (int64_t vq30 = threadIdx.x; v2 + vq30 * 4 < v6; vq30 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb29 = v2 + vq30 * 4;
-                    if (vok28 && vb29 + 4 <= v6) {
-                        opgen_vec<float, 4> vec24 = *(const opgen_vec<float, 4> *)&x[ro_x[i15] + vb29];
-                        opgen_vec<float, 4> vec25 = *(const opgen_vec<float, 4> *)&grad_y[ro_grad_y[i15] + vb29];
-                        opgen_vec<float, 4> vec26 = *(const opgen_vec<float, 4> *)&w[vb29];
+                float part25 = threadIdx.x == 0 ? l21 : (float)0;
+                float part26 = threadIdx.x == 0 ? l23 : (float)0;
+                const bool vok32 = ((uintptr_t)&p_x[ro_x[i19] + v3] % 16u == 0) && ((uintptr_t)&p_grad_y[ro_grad_y[i19] + v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0);
+                for (int64_t vq34 = threadIdx.x; v3 + vq34 * 4 < v2; vq34 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb33 = v3 + vq34 * 4;
+                    if (vok32 && vb33 + 4 <= v2) {
+                        opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&p_x[ro_x[i19] + vb33];
+                        opgen_vec<float, 4> vec29 = *(const opgen_vec<float, 4> *)&p_grad_y[ro_grad_y[i19] + vb33];
+                        opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&p_w[vb33];
                         #pragma unroll
-                        for (int vj31 = 0; vj31 < 4; vj31++) {
-                            const float v32 = vec24.v[vj31];
-                            const float v33 = v32 * v32;
-                            part21 += v33;
-                            const float v34 = vec25.v[vj31];
-                            const float v35 = vec26.v[vj31];
-                            const float v36 = v34 * v35;
-                            const float v37 = vec24.v[vj31];
-                            const float v38 = v36 * v37;
-                            part22 += v38;
+                        for (int vj35 = 0; vj35 < 4; vj35++) {
+                            const float v36 = vec28.v[vj35];
+                            const float v37 = v36 * v36;
+                            part25 += v37;
+                            const float v38 = vec29.v[vj35];
+                            const float v39 = vec30.v[vj35];
+                            const float v40 = v38 * v39;
+                            const float v41 = vec28.v[vj35];
+                            const float v42 = v40 * v41;
+                            part26 += v42;
                         }
                     } else {
-                        for (int64_t i23 = vb29; i23 < vb29 + 4 && i23 < v6; i23++) {
-                            const float v39 = x[ro_x[i15] + i23];
-                            const float v40 = v39 * v39;
-                            part21 += v40;
-                            const float v41 = grad_y[ro_grad_y[i15] + i23];
-                            const float v42 = w[i23];
-                            const float v43 = v41 * v42;
-                            const float v44 = x[ro_x[i15] + i23];
-                            const float v45 = v43 * v44;
-                            part22 += v45;
+                        for (int64_t i27 = vb33; i27 < vb33 + 4 && i27 < v2; i27++) {
+                            const float v43 = p_x[ro_x[i19] + i27];
+                            const float v44 = v43 * v43;
+                            part25 += v44;
+                            const float v45 = p_grad_y[ro_grad_y[i19] + i27];
+                            const float v46 = p_w[i27];
+                            const float v47 = v45 * v46;
+                            const float v48 = p_x[ro_x[i19] + i27];
+                            const float v49 = v47 * v48;
+                            part26 += v49;
                         }
                     }
                 }
-                float red46[2] = {part21, part22};
-                opgen_block_reduce_n<0, float, 2>(red46);
-                l17 = red46[0];
-                l19 = red46[1];
+                float red50[2] = {part25, part26};
+                opgen_block_reduce_n<0, float, 2>(red50);
+                l21 = red50[0];
+                l23 = red50[1];
             }
-            const float v47 = l17;
-            l16 = v47;
-            const float v48 = l19;
-            l18 = v48;
-            const bool vok56 = ((uintptr_t)&grad_y[ro_grad_y[i15] + v2] % 16u == 0) && ((uintptr_t)&x[ro_x[i15] + v2] % 16u == 0) && ((uintptr_t)&l10[v2] % 16u == 0) && ((uintptr_t)&w[v2] % 16u == 0) && ((uintptr_t)&grad_x[ro_grad_x[i15] + v2] % 16u == 0);
-            for (int64_t vq58 = threadIdx.x; v2 + vq58 * 4 < v6; vq58 += OPGEN_CUDA_THREADS) {
-                const int64_t vb57 = v2 + vq58 * 4;
-                if (vok56 && vb57 + 4 <= v6) {
-                    opgen_vec<float, 4> vec51 = *(const opgen_vec<float, 4> *)&grad_y[ro_grad_y[i15] + vb57];
-                    opgen_vec<float, 4> vec52 = *(const opgen_vec<float, 4> *)&x[ro_x[i15] + vb57];
-                    opgen_vec<float, 4> vec53 = *(const opgen_vec<float, 4> *)&l10[vb57];
-                    opgen_vec<float, 4> vec54 = *(const opgen_vec<float, 4> *)&w[vb57];
-                    opgen_vec<float, 4> vec55;
+            const float v51 = l21;
+            l20 = v51;
+            const float v52 = l23;
+            l22 = v52;
+            const bool vok60 = ((uintptr_t)&p_grad_y[ro_grad_y[i19] + v3] % 16u == 0) && ((uintptr_t)&p_x[ro_x[i19] + v3] % 16u == 0) && ((uintptr_t)&l14[v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0) && ((uintptr_t)&p_grad_x[ro_grad_x[i19] + v3] % 16u == 0);
+            for (int64_t vq62 = threadIdx.x; v3 + vq62 * 4 < v2; vq62 += OPGEN_CUDA_THREADS) {
+                const int64_t vb61 = v3 + vq62 * 4;
+                if (vok60 && vb61 + 4 <= v2) {
+                    opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&p_grad_y[ro_grad_y[i19] + vb61];
+                    opgen_vec<float, 4> vec56 = *(const opgen_vec<float, 4> *)&p_x[ro_x[i19] + vb61];
+                    opgen_vec<float, 4> vec57 = *(const opgen_vec<float, 4> *)&l14[vb61];
+                    opgen_vec<float, 4> vec58 = *(const opgen_vec<float, 4> *)&p_w[vb61];
+                    opgen_vec<float, 4> vec59;
                     #pragma unroll
-                    for (int vj59 = 0; vj59 < 4; vj59++) {
-                        const float v60 = vec51.v[vj59];
-                        const float v61 = vec52.v[vj59];
-                        const float v62 = v60 * v61;
-                        const float v63 = l16;
-                        const float v64 = v63 / v7;
-                        const float v65 = v64 + v8;
-                        const float v66 = 1.0f / sqrtf(v65);
-                        const float v67 = v62 * v66;
-                        vec53.v[vj59] += v67;
-                        const float v68 = vec54.v[vj59];
-                        const float v69 = v60 * v68;
-                        const float v70 = v69 * v66;
-                        const float v71 = l18;
-                        const float v72 = v71 / v7;
-                        const float v73 = v72 * v66;
-                        const float v74 = v73 * v66;
-                        const float v75 = v74 * v66;
-                        const float v76 = v61 * v75;
-                        const float v77 = v70 - v76;
-                        vec55.v[vj59] = v77;
+                    for (int vj63 = 0; vj63 < 4; vj63++) {
+                        const float v64 = vec55.v[vj63];
+                        const float v65 = vec56.v[vj63];
+                        const float v66 = v64 * v65;
+                        const float v67 = l20;
+                        const float v68 = v67 / v11;
+                        const float v69 = v68 + v12;
+                        const float v70 = 1.0f / sqrtf(v69);
+                        const float v71 = v66 * v70;
+                        vec57.v[vj63] += v71;
+                        const float v72 = vec58.v[vj63];
+                        const float v73 = v64 * v72;
+                        const float v74 = v73 * v70;
+                        const float v75 = l22;
+                        const float v76 = v75 / v11;
+                        const float v77 = v76 * v70;
+                        const float v78 = v77 * v70;
+                        const float v79 = v78 * v70;
+                        const float v80 = v65 * v79;
+                        const float v81 = v74 - v80;
+                        vec59.v[vj63] = v81;
                     }
-                    *(opgen_vec<float, 4> *)&l10[vb57] = vec53;
-                    *(opgen_vec<float, 4> *)&grad_x[ro_grad_x[i15] + vb57] = vec55;
+                    *(opgen_vec<float, 4> *)&l14[vb61] = vec57;
+                    *(opgen_vec<float, 4> *)&p_grad_x[ro_grad_x[i19] + vb61] = vec59;
                 } else {
-                    for (int64_t i50 = vb57; i50 < vb57 + 4 && i50 < v6; i50++) {
-                        const float v78 = grad_y[ro_grad_y[i15] + i50];
-                        const float v79 = x[ro_x[i15] + i50];
-                        const float v80 = v78 * v79;
-                        const float v81 = l16;
-                        const float v82 = v81 / v7;
-                        const float v83 = v82 + v8;
-                        const float v84 = 1.0f / sqrtf(v83);
-                        const float v85 = v80 * v84;
-                        l10[i50] += v85;
-                        const float v86 = w[i50];
-                        const float v87 = v78 * v86;
-                        const float v88 = v87 * v84;
-                        const float v89 = l18;
-                        const float v90 = v89 / v7;
-                        const float v91 = v90 * v84;
-                        const float v92 = v91 * v84;
-                        const float v93 = v92 * v84;
-                        const float v94 = v79 * v93;
-                        const float v95 = v88 - v94;
-                        grad_x[ro_grad_x[i15] + i50] = v95;
+                    for (int64_t i54 = vb61; i54 < vb61 + 4 && i54 < v2; i54++) {
+                        const float v82 = p_grad_y[ro_grad_y[i19] + i54];
+                        const float v83 = p_x[ro_x[i19] + i54];
+                        const float v84 = v82 * v83;
+                        const float v85 = l20;
+                        const float v86 = v85 / v11;
+                        const float v87 = v86 + v12;
+                        const float v88 = 1.0f / sqrtf(v87);
+                        const float v89 = v84 * v88;
+                        l14[i54] += v89;
+                        const float v90 = p_w[i54];
+                        const float v91 = v82 * v90;
+                        const float v92 = v91 * v88;
+                        const float v93 = l22;
+                        const float v94 = v93 / v11;
+                        const float v95 = v94 * v88;
+                        const float v96 = v95 * v88;
+                        const float v97 = v96 * v88;
+                        const float v98 = v83 * v97;
+                        const float v99 = v92 - v98;
+                        p_grad_x[ro_grad_x[i19] + i54] = v99;
                     }
                 }
             }
         }
         __syncthreads();
-        const bool vok100 = ((uintptr_t)&l10[v2] % 16u == 0) && ((uintptr_t)&t1[i9 * d_D + v2] % 16u == 0);
-        for (int64_t vq102 = threadIdx.x; v2 + vq102 * 4 < v6; vq102 += OPGEN_CUDA_THREADS) {
-            const int64_t vb101 = v2 + vq102 * 4;
-            if (vok100 && vb101 + 4 <= v6) {
-                opgen_vec<float, 4> vec98 = *(const opgen_vec<float, 4> *)&l10[vb101];
-                opgen_vec<float, 4> vec99;
+        const bool vok104 = ((uintptr_t)&l14[v3] % 16u == 0) && ((uintptr_t)&t1[i13 * d_D + v3] % 16u == 0);
+        for (int64_t vq106 = threadIdx.x; v3 + vq106 * 4 < v2; vq106 += OPGEN_CUDA_THREADS) {
+            const int64_t vb105 = v3 + vq106 * 4;
+            if (vok104 && vb105 + 4 <= v2) {
+                opgen_vec<float, 4> vec102 = *(const opgen_vec<float, 4> *)&l14[vb105];
+                opgen_vec<float, 4> vec103;
                 #pragma unroll
-                for (int vj103 = 0; vj103 < 4; vj103++) {
-                    const float v104 = vec98.v[vj103];
-                    vec99.v[vj103] = v104;
+                for (int vj107 = 0; vj107 < 4; vj107++) {
+                    const float v108 = vec102.v[vj107];
+                    vec103.v[vj107] = v108;
                 }
-                *(opgen_vec<float, 4> *)&t1[i9 * d_D + vb101] = vec99;
+                *(opgen_vec<float, 4> *)&t1[i13 * d_D + vb105] = vec103;
             } else {
-                for (int64_t i97 = vb101; i97 < vb101 + 4 && i97 < v6; i97++) {
-                    const float v105 = l10[i97];
-                    t1[i9 * d_D + i97] = v105;
+                for (int64_t i101 = vb105; i101 < vb105 + 4 && i101 < v2; i101++) {
+                    const float v109 = l14[i101];
+                    t1[i13 * d_D + i101] = v109;
                 }
             }
         }
@@ -713,21 +754,21 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward_f32_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    float *__restrict__ grad_w = (float *)a.bufs[5].data;
+    float *__restrict__ p_grad_w = (float *)a.bufs[5].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v106 = 0ll;
-    const int64_t v107 = d_D;
-    const int64_t v108 = ((d_N + 31) / 32);
-    for (int64_t i109 = v106 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i109 < v107; i109 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l110 = (float)0;
-        for (int64_t i111 = v106; i111 < v108; i111++) {
-            const float v112 = t1[i111 * d_D + i109];
-            l110 += v112;
+    const int64_t v110 = 0ll;
+    const int64_t v111 = d_D;
+    const int64_t v112 = ((d_N + 31) / 32);
+    for (int64_t i113 = v110 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i113 < v111; i113 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l114 = (float)0;
+        for (int64_t i115 = v110; i115 < v112; i115++) {
+            const float v116 = t1[i115 * d_D + i113];
+            l114 += v116;
         }
-        const float v113 = l110;
-        grad_w[i109] = v113;
+        const float v117 = l114;
+        p_grad_w[i113] = v117;
     }
 }
 
@@ -743,15 +784,20 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v116 = 0ll;
-    const int64_t v117 = ((d_N + 31) / 32);
-    const int64_t v118 = 0ll;
-    const int64_t v119 = d_D;
+    const int64_t v125 = d_D;
+    const int64_t v126 = 0ll;
+    const bool v127 = v125 == v126;
+    const bool v128 = v125 == v126;
+    const bool v129 = v127 && v128;
+    const int64_t v130 = ((d_N + 31) / 32);
+    const int64_t v131 = v129 ? v126 : v130;
+    const int64_t v132 = 0ll;
+    const int64_t v133 = d_D;
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid120 = opgen_cuda_grid(v117 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid120 > 0) k_rms_norm_backward_f32_u_k0<<<(unsigned)grid120, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid121 = opgen_cuda_grid((v119 - v118 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid121 > 0) k_rms_norm_backward_f32_u_k1<<<(unsigned)grid121, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid134 = opgen_cuda_grid(v131 - v126, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid134 > 0) k_rms_norm_backward_f32_u_k0<<<(unsigned)grid134, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid135 = opgen_cuda_grid((v133 - v132 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid135 > 0) k_rms_norm_backward_f32_u_k1<<<(unsigned)grid135, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f32_u");
 }
 
@@ -763,95 +809,99 @@ static opgen_status_t k_rms_norm_backward_f32(const opgen_buf_t *bufs, const int
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward_bf16_g_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *grad_y = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *p_grad_y = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad_y = a.bufs[0].ro;
-    const uint16_t *__restrict__ x = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_x = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_x = a.bufs[1].ro;
-    const uint16_t *__restrict__ w = (const uint16_t *)a.bufs[2].data;
+    const uint16_t *__restrict__ p_w = (const uint16_t *)a.bufs[2].data;
     const int64_t st_w_0 = a.bufs[2].st[0];
-    const float eps = a.sc[3].f;
-    uint16_t *grad_x = (uint16_t *)a.bufs[4].data;
+    const float p_eps = a.sc[3].f;
+    uint16_t *p_grad_x = (uint16_t *)a.bufs[4].data;
     const int64_t *ro_grad_x = a.bufs[4].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v2 = 0ll;
-    const int64_t v3 = ((d_N + 31) / 32);
-    const int64_t v4 = 32ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_D;
-    const float v7 = (float)(v6);
-    const float v8 = eps;
-    for (int64_t i9 = v2 + (int64_t)blockIdx.x; i9 < v3; i9 += (int64_t)gridDim.x) {
-        float *__restrict__ l10 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v2 = d_D;
+    const int64_t v3 = 0ll;
+    const bool v4 = v2 == v3;
+    const bool v5 = v2 == v3;
+    const bool v6 = v4 && v5;
+    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v8 = v6 ? v3 : v7;
+    const int64_t v9 = 32ll;
+    const int64_t v10 = d_N;
+    const float v11 = (float)(v2);
+    const float v12 = p_eps;
+    for (int64_t i13 = v3 + (int64_t)blockIdx.x; i13 < v8; i13 += (int64_t)gridDim.x) {
+        float *__restrict__ l14 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z11 = threadIdx.x * 4; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS * 4) for (size_t z11j = z11; z11j < z11 + 4 && z11j < (size_t)d_D; z11j++) l10[z11j] = (float)0;
-        const int64_t v12 = i9 * v4;
-        const int64_t v13 = v12 + v4;
-        const int64_t v14 = ((v13 < v5 || v13 != v13) ? v13 : v5);
-        for (int64_t i15 = v12; i15 < v14; i15++) {
-            float l16 = (float)0;
-            float l17 = (float)0;
-            float l18 = (float)0;
-            float l19 = (float)0;
+        for (size_t z15 = threadIdx.x * 4; z15 < (size_t)d_D; z15 += OPGEN_CUDA_THREADS * 4) for (size_t z15j = z15; z15j < z15 + 4 && z15j < (size_t)d_D; z15j++) l14[z15j] = (float)0;
+        const int64_t v16 = i13 * v9;
+        const int64_t v17 = v16 + v9;
+        const int64_t v18 = ((v17 < v10 || v17 != v17) ? v17 : v10);
+        for (int64_t i19 = v16; i19 < v18; i19++) {
+            float l20 = (float)0;
+            float l21 = (float)0;
+            float l22 = (float)0;
+            float l23 = (float)0;
             {
-                float part21 = threadIdx.x == 0 ? l17 : (float)0;
-                float part22 = threadIdx.x == 0 ? l19 : (float)0;
-                for (int64_t vq30 = threadIdx.x; v2 + vq30 * 8 < v6; vq30 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb29 = v2 + vq30 * 8;
-                    for (int64_t i23 = vb29; i23 < vb29 + 8 && i23 < v6; i23++) {
-                        const float v31 = opgen_bf16_to_f32(x[ro_x[i15] + i23]);
-                        const float v32 = v31 * v31;
-                        part21 += v32;
-                        const float v33 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i23]);
-                        const float v34 = opgen_bf16_to_f32(w[i23 * st_w_0]);
-                        const float v35 = v33 * v34;
-                        const float v36 = opgen_bf16_to_f32(x[ro_x[i15] + i23]);
-                        const float v37 = v35 * v36;
-                        part22 += v37;
+                float part25 = threadIdx.x == 0 ? l21 : (float)0;
+                float part26 = threadIdx.x == 0 ? l23 : (float)0;
+                for (int64_t vq34 = threadIdx.x; v3 + vq34 * 8 < v2; vq34 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb33 = v3 + vq34 * 8;
+                    for (int64_t i27 = vb33; i27 < vb33 + 8 && i27 < v2; i27++) {
+                        const float v35 = opgen_bf16_to_f32(p_x[ro_x[i19] + i27]);
+                        const float v36 = v35 * v35;
+                        part25 += v36;
+                        const float v37 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i19] + i27]);
+                        const float v38 = opgen_bf16_to_f32(p_w[i27 * st_w_0]);
+                        const float v39 = v37 * v38;
+                        const float v40 = opgen_bf16_to_f32(p_x[ro_x[i19] + i27]);
+                        const float v41 = v39 * v40;
+                        part26 += v41;
                     }
                 }
-                float red38[2] = {part21, part22};
-                opgen_block_reduce_n<0, float, 2>(red38);
-                l17 = red38[0];
-                l19 = red38[1];
+                float red42[2] = {part25, part26};
+                opgen_block_reduce_n<0, float, 2>(red42);
+                l21 = red42[0];
+                l23 = red42[1];
             }
-            const float v39 = l17;
-            l16 = v39;
-            const float v40 = l19;
-            l18 = v40;
-            for (int64_t vq50 = threadIdx.x; v2 + vq50 * 4 < v6; vq50 += OPGEN_CUDA_THREADS) {
-                const int64_t vb49 = v2 + vq50 * 4;
-                for (int64_t i42 = vb49; i42 < vb49 + 4 && i42 < v6; i42++) {
-                    const float v51 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i42]);
-                    const float v52 = opgen_bf16_to_f32(x[ro_x[i15] + i42]);
-                    const float v53 = v51 * v52;
-                    const float v54 = l16;
-                    const float v55 = v54 / v7;
-                    const float v56 = v55 + v8;
-                    const float v57 = 1.0f / sqrtf(v56);
-                    const float v58 = v53 * v57;
-                    l10[i42] += v58;
-                    const float v59 = opgen_bf16_to_f32(w[i42 * st_w_0]);
-                    const float v60 = v51 * v59;
-                    const float v61 = v60 * v57;
-                    const float v62 = l18;
-                    const float v63 = v62 / v7;
-                    const float v64 = v63 * v57;
-                    const float v65 = v64 * v57;
-                    const float v66 = v65 * v57;
-                    const float v67 = v52 * v66;
-                    const float v68 = v61 - v67;
-                    grad_x[ro_grad_x[i15] + i42] = opgen_f32_to_bf16(v68);
+            const float v43 = l21;
+            l20 = v43;
+            const float v44 = l23;
+            l22 = v44;
+            for (int64_t vq54 = threadIdx.x; v3 + vq54 * 4 < v2; vq54 += OPGEN_CUDA_THREADS) {
+                const int64_t vb53 = v3 + vq54 * 4;
+                for (int64_t i46 = vb53; i46 < vb53 + 4 && i46 < v2; i46++) {
+                    const float v55 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i19] + i46]);
+                    const float v56 = opgen_bf16_to_f32(p_x[ro_x[i19] + i46]);
+                    const float v57 = v55 * v56;
+                    const float v58 = l20;
+                    const float v59 = v58 / v11;
+                    const float v60 = v59 + v12;
+                    const float v61 = 1.0f / sqrtf(v60);
+                    const float v62 = v57 * v61;
+                    l14[i46] += v62;
+                    const float v63 = opgen_bf16_to_f32(p_w[i46 * st_w_0]);
+                    const float v64 = v55 * v63;
+                    const float v65 = v64 * v61;
+                    const float v66 = l22;
+                    const float v67 = v66 / v11;
+                    const float v68 = v67 * v61;
+                    const float v69 = v68 * v61;
+                    const float v70 = v69 * v61;
+                    const float v71 = v56 * v70;
+                    const float v72 = v65 - v71;
+                    p_grad_x[ro_grad_x[i19] + i46] = opgen_f32_to_bf16(v72);
                 }
             }
         }
         __syncthreads();
-        for (int64_t vq75 = threadIdx.x; v2 + vq75 * 4 < v6; vq75 += OPGEN_CUDA_THREADS) {
-            const int64_t vb74 = v2 + vq75 * 4;
-            for (int64_t i70 = vb74; i70 < vb74 + 4 && i70 < v6; i70++) {
-                const float v76 = l10[i70];
-                t1[i9 * d_D + i70] = v76;
+        for (int64_t vq79 = threadIdx.x; v3 + vq79 * 4 < v2; vq79 += OPGEN_CUDA_THREADS) {
+            const int64_t vb78 = v3 + vq79 * 4;
+            for (int64_t i74 = vb78; i74 < vb78 + 4 && i74 < v2; i74++) {
+                const float v80 = l14[i74];
+                t1[i13 * d_D + i74] = v80;
             }
         }
         __syncthreads();
@@ -860,31 +910,36 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward_bf16_g_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    uint16_t *__restrict__ grad_w = (uint16_t *)a.bufs[5].data;
+    uint16_t *__restrict__ p_grad_w = (uint16_t *)a.bufs[5].data;
     const int64_t st_grad_w_0 = a.bufs[5].st[0];
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v77 = 0ll;
-    const int64_t v78 = d_D;
-    const int64_t v79 = ((d_N + 31) / 32);
-    for (int64_t i80 = v77 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i80 < v78; i80 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l81 = (float)0;
-        for (int64_t i82 = v77; i82 < v79; i82++) {
-            const float v83 = t1[i82 * d_D + i80];
-            l81 += v83;
+    const int64_t v81 = 0ll;
+    const int64_t v82 = d_D;
+    const int64_t v83 = ((d_N + 31) / 32);
+    for (int64_t i84 = v81 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i84 < v82; i84 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l85 = (float)0;
+        for (int64_t i86 = v81; i86 < v83; i86++) {
+            const float v87 = t1[i86 * d_D + i84];
+            l85 += v87;
         }
-        const float v84 = l81;
-        grad_w[i80 * st_grad_w_0] = opgen_f32_to_bf16(v84);
+        const float v88 = l85;
+        p_grad_w[i84 * st_grad_w_0] = opgen_f32_to_bf16(v88);
     }
 }
 
 static void k_rms_norm_backward_bf16_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v85 = 0ll;
-    const int64_t v86 = ((d_N + 31) / 32);
-    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v86 - v85, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t v89 = d_D;
+    const int64_t v90 = 0ll;
+    const bool v91 = v89 == v90;
+    const bool v92 = v89 == v90;
+    const bool v93 = v91 && v92;
+    const int64_t v94 = ((d_N + 31) / 32);
+    const int64_t v95 = v93 ? v90 : v94;
+    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v95 - v90, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
@@ -918,172 +973,181 @@ static opgen_status_t k_rms_norm_backward_bf16_g(const opgen_buf_t *bufs, const 
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v87 = 0ll;
-    const int64_t v88 = ((d_N + 31) / 32);
-    const int64_t v89 = 0ll;
-    const int64_t v90 = d_D;
+    const int64_t v96 = d_D;
+    const int64_t v97 = 0ll;
+    const bool v98 = v96 == v97;
+    const bool v99 = v96 == v97;
+    const bool v100 = v98 && v99;
+    const int64_t v101 = ((d_N + 31) / 32);
+    const int64_t v102 = v100 ? v97 : v101;
+    const int64_t v103 = 0ll;
+    const int64_t v104 = d_D;
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid91 = opgen_cuda_grid(v88 - v87, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid91 > 0) k_rms_norm_backward_bf16_g_k0<<<(unsigned)grid91, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid92 = opgen_cuda_grid((v90 - v89 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid92 > 0) k_rms_norm_backward_bf16_g_k1<<<(unsigned)grid92, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid105 = opgen_cuda_grid(v102 - v97, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid105 > 0) k_rms_norm_backward_bf16_g_k0<<<(unsigned)grid105, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid106 = opgen_cuda_grid((v104 - v103 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid106 > 0) k_rms_norm_backward_bf16_g_k1<<<(unsigned)grid106, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_bf16_g");
 }
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward_bf16_u_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const uint16_t *grad_y = (const uint16_t *)a.bufs[0].data;
+    const uint16_t *p_grad_y = (const uint16_t *)a.bufs[0].data;
     const int64_t *ro_grad_y = a.bufs[0].ro;
-    const uint16_t *__restrict__ x = (const uint16_t *)a.bufs[1].data;
+    const uint16_t *__restrict__ p_x = (const uint16_t *)a.bufs[1].data;
     const int64_t *ro_x = a.bufs[1].ro;
-    const uint16_t *__restrict__ w = (const uint16_t *)a.bufs[2].data;
-    const float eps = a.sc[3].f;
-    uint16_t *grad_x = (uint16_t *)a.bufs[4].data;
+    const uint16_t *__restrict__ p_w = (const uint16_t *)a.bufs[2].data;
+    const float p_eps = a.sc[3].f;
+    uint16_t *p_grad_x = (uint16_t *)a.bufs[4].data;
     const int64_t *ro_grad_x = a.bufs[4].ro;
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v2 = 0ll;
-    const int64_t v3 = ((d_N + 31) / 32);
-    const int64_t v4 = 32ll;
-    const int64_t v5 = d_N;
-    const int64_t v6 = d_D;
-    const float v7 = (float)(v6);
-    const float v8 = eps;
-    for (int64_t i9 = v2 + (int64_t)blockIdx.x; i9 < v3; i9 += (int64_t)gridDim.x) {
-        float *__restrict__ l10 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v2 = d_D;
+    const int64_t v3 = 0ll;
+    const bool v4 = v2 == v3;
+    const bool v5 = v2 == v3;
+    const bool v6 = v4 && v5;
+    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v8 = v6 ? v3 : v7;
+    const int64_t v9 = 32ll;
+    const int64_t v10 = d_N;
+    const float v11 = (float)(v2);
+    const float v12 = p_eps;
+    for (int64_t i13 = v3 + (int64_t)blockIdx.x; i13 < v8; i13 += (int64_t)gridDim.x) {
+        float *__restrict__ l14 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z11 = threadIdx.x * 4; z11 < (size_t)d_D; z11 += OPGEN_CUDA_THREADS * 4) for (size_t z11j = z11; z11j < z11 + 4 && z11j < (size_t)d_D; z11j++) l10[z11j] = (float)0;
-        const int64_t v12 = i9 * v4;
-        const int64_t v13 = v12 + v4;
-        const int64_t v14 = ((v13 < v5 || v13 != v13) ? v13 : v5);
-        for (int64_t i15 = v12; i15 < v14; i15++) {
-            float l16 = (float)0;
-            float l17 = (float)0;
-            float l18 = (float)0;
-            float l19 = (float)0;
+        for (size_t z15 = threadIdx.x * 4; z15 < (size_t)d_D; z15 += OPGEN_CUDA_THREADS * 4) for (size_t z15j = z15; z15j < z15 + 4 && z15j < (size_t)d_D; z15j++) l14[z15j] = (float)0;
+        const int64_t v16 = i13 * v9;
+        const int64_t v17 = v16 + v9;
+        const int64_t v18 = ((v17 < v10 || v17 != v17) ? v17 : v10);
+        for (int64_t i19 = v16; i19 < v18; i19++) {
+            float l20 = (float)0;
+            float l21 = (float)0;
+            float l22 = (float)0;
+            float l23 = (float)0;
             {
-                float part21 = threadIdx.x == 0 ? l17 : (float)0;
-                float part22 = threadIdx.x == 0 ? l19 : (float)0;
-                const bool vok28 = ((uintptr_t)&x[ro_x[i15] + v2] % 16u == 0) && ((uintptr_t)&grad_y[ro_grad_y[i15] + v2] % 16u == 0) && ((uintptr_t)&w[v2] % 16u == 0);
-                for (int64_t vq30 = threadIdx.x; v2 + vq30 * 8 < v6; vq30 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb29 = v2 + vq30 * 8;
-                    if (vok28 && vb29 + 8 <= v6) {
-                        opgen_vec<uint16_t, 8> vec24 = *(const opgen_vec<uint16_t, 8> *)&x[ro_x[i15] + vb29];
-                        opgen_vec<uint16_t, 8> vec25 = *(const opgen_vec<uint16_t, 8> *)&grad_y[ro_grad_y[i15] + vb29];
-                        opgen_vec<uint16_t, 8> vec26 = *(const opgen_vec<uint16_t, 8> *)&w[vb29];
+                float part25 = threadIdx.x == 0 ? l21 : (float)0;
+                float part26 = threadIdx.x == 0 ? l23 : (float)0;
+                const bool vok32 = ((uintptr_t)&p_x[ro_x[i19] + v3] % 16u == 0) && ((uintptr_t)&p_grad_y[ro_grad_y[i19] + v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0);
+                for (int64_t vq34 = threadIdx.x; v3 + vq34 * 8 < v2; vq34 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb33 = v3 + vq34 * 8;
+                    if (vok32 && vb33 + 8 <= v2) {
+                        opgen_vec<uint16_t, 8> vec28 = *(const opgen_vec<uint16_t, 8> *)&p_x[ro_x[i19] + vb33];
+                        opgen_vec<uint16_t, 8> vec29 = *(const opgen_vec<uint16_t, 8> *)&p_grad_y[ro_grad_y[i19] + vb33];
+                        opgen_vec<uint16_t, 8> vec30 = *(const opgen_vec<uint16_t, 8> *)&p_w[vb33];
                         #pragma unroll
-                        for (int vj31 = 0; vj31 < 8; vj31++) {
-                            const float v32 = opgen_bf16_to_f32(vec24.v[vj31]);
-                            const float v33 = v32 * v32;
-                            part21 += v33;
-                            const float v34 = opgen_bf16_to_f32(vec25.v[vj31]);
-                            const float v35 = opgen_bf16_to_f32(vec26.v[vj31]);
-                            const float v36 = v34 * v35;
-                            const float v37 = opgen_bf16_to_f32(vec24.v[vj31]);
-                            const float v38 = v36 * v37;
-                            part22 += v38;
+                        for (int vj35 = 0; vj35 < 8; vj35++) {
+                            const float v36 = opgen_bf16_to_f32(vec28.v[vj35]);
+                            const float v37 = v36 * v36;
+                            part25 += v37;
+                            const float v38 = opgen_bf16_to_f32(vec29.v[vj35]);
+                            const float v39 = opgen_bf16_to_f32(vec30.v[vj35]);
+                            const float v40 = v38 * v39;
+                            const float v41 = opgen_bf16_to_f32(vec28.v[vj35]);
+                            const float v42 = v40 * v41;
+                            part26 += v42;
                         }
                     } else {
-                        for (int64_t i23 = vb29; i23 < vb29 + 8 && i23 < v6; i23++) {
-                            const float v39 = opgen_bf16_to_f32(x[ro_x[i15] + i23]);
-                            const float v40 = v39 * v39;
-                            part21 += v40;
-                            const float v41 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i23]);
-                            const float v42 = opgen_bf16_to_f32(w[i23]);
-                            const float v43 = v41 * v42;
-                            const float v44 = opgen_bf16_to_f32(x[ro_x[i15] + i23]);
-                            const float v45 = v43 * v44;
-                            part22 += v45;
+                        for (int64_t i27 = vb33; i27 < vb33 + 8 && i27 < v2; i27++) {
+                            const float v43 = opgen_bf16_to_f32(p_x[ro_x[i19] + i27]);
+                            const float v44 = v43 * v43;
+                            part25 += v44;
+                            const float v45 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i19] + i27]);
+                            const float v46 = opgen_bf16_to_f32(p_w[i27]);
+                            const float v47 = v45 * v46;
+                            const float v48 = opgen_bf16_to_f32(p_x[ro_x[i19] + i27]);
+                            const float v49 = v47 * v48;
+                            part26 += v49;
                         }
                     }
                 }
-                float red46[2] = {part21, part22};
-                opgen_block_reduce_n<0, float, 2>(red46);
-                l17 = red46[0];
-                l19 = red46[1];
+                float red50[2] = {part25, part26};
+                opgen_block_reduce_n<0, float, 2>(red50);
+                l21 = red50[0];
+                l23 = red50[1];
             }
-            const float v47 = l17;
-            l16 = v47;
-            const float v48 = l19;
-            l18 = v48;
-            const bool vok56 = ((uintptr_t)&grad_y[ro_grad_y[i15] + v2] % 8u == 0) && ((uintptr_t)&x[ro_x[i15] + v2] % 8u == 0) && ((uintptr_t)&l10[v2] % 16u == 0) && ((uintptr_t)&w[v2] % 8u == 0) && ((uintptr_t)&grad_x[ro_grad_x[i15] + v2] % 8u == 0);
-            for (int64_t vq58 = threadIdx.x; v2 + vq58 * 4 < v6; vq58 += OPGEN_CUDA_THREADS) {
-                const int64_t vb57 = v2 + vq58 * 4;
-                if (vok56 && vb57 + 4 <= v6) {
-                    opgen_vec<uint16_t, 4> vec51 = *(const opgen_vec<uint16_t, 4> *)&grad_y[ro_grad_y[i15] + vb57];
-                    opgen_vec<uint16_t, 4> vec52 = *(const opgen_vec<uint16_t, 4> *)&x[ro_x[i15] + vb57];
-                    opgen_vec<float, 4> vec53 = *(const opgen_vec<float, 4> *)&l10[vb57];
-                    opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&w[vb57];
-                    opgen_vec<uint16_t, 4> vec55;
+            const float v51 = l21;
+            l20 = v51;
+            const float v52 = l23;
+            l22 = v52;
+            const bool vok60 = ((uintptr_t)&p_grad_y[ro_grad_y[i19] + v3] % 8u == 0) && ((uintptr_t)&p_x[ro_x[i19] + v3] % 8u == 0) && ((uintptr_t)&l14[v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 8u == 0) && ((uintptr_t)&p_grad_x[ro_grad_x[i19] + v3] % 8u == 0);
+            for (int64_t vq62 = threadIdx.x; v3 + vq62 * 4 < v2; vq62 += OPGEN_CUDA_THREADS) {
+                const int64_t vb61 = v3 + vq62 * 4;
+                if (vok60 && vb61 + 4 <= v2) {
+                    opgen_vec<uint16_t, 4> vec55 = *(const opgen_vec<uint16_t, 4> *)&p_grad_y[ro_grad_y[i19] + vb61];
+                    opgen_vec<uint16_t, 4> vec56 = *(const opgen_vec<uint16_t, 4> *)&p_x[ro_x[i19] + vb61];
+                    opgen_vec<float, 4> vec57 = *(const opgen_vec<float, 4> *)&l14[vb61];
+                    opgen_vec<uint16_t, 4> vec58 = *(const opgen_vec<uint16_t, 4> *)&p_w[vb61];
+                    opgen_vec<uint16_t, 4> vec59;
                     #pragma unroll
-                    for (int vj59 = 0; vj59 < 4; vj59++) {
-                        const float v60 = opgen_bf16_to_f32(vec51.v[vj59]);
-                        const float v61 = opgen_bf16_to_f32(vec52.v[vj59]);
-                        const float v62 = v60 * v61;
-                        const float v63 = l16;
-                        const float v64 = v63 / v7;
-                        const float v65 = v64 + v8;
-                        const float v66 = 1.0f / sqrtf(v65);
-                        const float v67 = v62 * v66;
-                        vec53.v[vj59] += v67;
-                        const float v68 = opgen_bf16_to_f32(vec54.v[vj59]);
-                        const float v69 = v60 * v68;
-                        const float v70 = v69 * v66;
-                        const float v71 = l18;
-                        const float v72 = v71 / v7;
-                        const float v73 = v72 * v66;
-                        const float v74 = v73 * v66;
-                        const float v75 = v74 * v66;
-                        const float v76 = v61 * v75;
-                        const float v77 = v70 - v76;
-                        vec55.v[vj59] = opgen_f32_to_bf16(v77);
+                    for (int vj63 = 0; vj63 < 4; vj63++) {
+                        const float v64 = opgen_bf16_to_f32(vec55.v[vj63]);
+                        const float v65 = opgen_bf16_to_f32(vec56.v[vj63]);
+                        const float v66 = v64 * v65;
+                        const float v67 = l20;
+                        const float v68 = v67 / v11;
+                        const float v69 = v68 + v12;
+                        const float v70 = 1.0f / sqrtf(v69);
+                        const float v71 = v66 * v70;
+                        vec57.v[vj63] += v71;
+                        const float v72 = opgen_bf16_to_f32(vec58.v[vj63]);
+                        const float v73 = v64 * v72;
+                        const float v74 = v73 * v70;
+                        const float v75 = l22;
+                        const float v76 = v75 / v11;
+                        const float v77 = v76 * v70;
+                        const float v78 = v77 * v70;
+                        const float v79 = v78 * v70;
+                        const float v80 = v65 * v79;
+                        const float v81 = v74 - v80;
+                        vec59.v[vj63] = opgen_f32_to_bf16(v81);
                     }
-                    *(opgen_vec<float, 4> *)&l10[vb57] = vec53;
-                    *(opgen_vec<uint16_t, 4> *)&grad_x[ro_grad_x[i15] + vb57] = vec55;
+                    *(opgen_vec<float, 4> *)&l14[vb61] = vec57;
+                    *(opgen_vec<uint16_t, 4> *)&p_grad_x[ro_grad_x[i19] + vb61] = vec59;
                 } else {
-                    for (int64_t i50 = vb57; i50 < vb57 + 4 && i50 < v6; i50++) {
-                        const float v78 = opgen_bf16_to_f32(grad_y[ro_grad_y[i15] + i50]);
-                        const float v79 = opgen_bf16_to_f32(x[ro_x[i15] + i50]);
-                        const float v80 = v78 * v79;
-                        const float v81 = l16;
-                        const float v82 = v81 / v7;
-                        const float v83 = v82 + v8;
-                        const float v84 = 1.0f / sqrtf(v83);
-                        const float v85 = v80 * v84;
-                        l10[i50] += v85;
-                        const float v86 = opgen_bf16_to_f32(w[i50]);
-                        const float v87 = v78 * v86;
-                        const float v88 = v87 * v84;
-                        const float v89 = l18;
-                        const float v90 = v89 / v7;
-                        const float v91 = v90 * v84;
-                        const float v92 = v91 * v84;
-                        const float v93 = v92 * v84;
-                        const float v94 = v79 * v93;
-                        const float v95 = v88 - v94;
-                        grad_x[ro_grad_x[i15] + i50] = opgen_f32_to_bf16(v95);
+                    for (int64_t i54 = vb61; i54 < vb61 + 4 && i54 < v2; i54++) {
+                        const float v82 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i19] + i54]);
+                        const float v83 = opgen_bf16_to_f32(p_x[ro_x[i19] + i54]);
+                        const float v84 = v82 * v83;
+                        const float v85 = l20;
+                        const float v86 = v85 / v11;
+                        const float v87 = v86 + v12;
+                        const float v88 = 1.0f / sqrtf(v87);
+                        const float v89 = v84 * v88;
+                        l14[i54] += v89;
+                        const float v90 = opgen_bf16_to_f32(p_w[i54]);
+                        const float v91 = v82 * v90;
+                        const float v92 = v91 * v88;
+                        const float v93 = l22;
+                        const float v94 = v93 / v11;
+                        const float v95 = v94 * v88;
+                        const float v96 = v95 * v88;
+                        const float v97 = v96 * v88;
+                        const float v98 = v83 * v97;
+                        const float v99 = v92 - v98;
+                        p_grad_x[ro_grad_x[i19] + i54] = opgen_f32_to_bf16(v99);
                     }
                 }
             }
         }
         __syncthreads();
-        const bool vok100 = ((uintptr_t)&l10[v2] % 16u == 0) && ((uintptr_t)&t1[i9 * d_D + v2] % 16u == 0);
-        for (int64_t vq102 = threadIdx.x; v2 + vq102 * 4 < v6; vq102 += OPGEN_CUDA_THREADS) {
-            const int64_t vb101 = v2 + vq102 * 4;
-            if (vok100 && vb101 + 4 <= v6) {
-                opgen_vec<float, 4> vec98 = *(const opgen_vec<float, 4> *)&l10[vb101];
-                opgen_vec<float, 4> vec99;
+        const bool vok104 = ((uintptr_t)&l14[v3] % 16u == 0) && ((uintptr_t)&t1[i13 * d_D + v3] % 16u == 0);
+        for (int64_t vq106 = threadIdx.x; v3 + vq106 * 4 < v2; vq106 += OPGEN_CUDA_THREADS) {
+            const int64_t vb105 = v3 + vq106 * 4;
+            if (vok104 && vb105 + 4 <= v2) {
+                opgen_vec<float, 4> vec102 = *(const opgen_vec<float, 4> *)&l14[vb105];
+                opgen_vec<float, 4> vec103;
                 #pragma unroll
-                for (int vj103 = 0; vj103 < 4; vj103++) {
-                    const float v104 = vec98.v[vj103];
-                    vec99.v[vj103] = v104;
+                for (int vj107 = 0; vj107 < 4; vj107++) {
+                    const float v108 = vec102.v[vj107];
+                    vec103.v[vj107] = v108;
                 }
-                *(opgen_vec<float, 4> *)&t1[i9 * d_D + vb101] = vec99;
+                *(opgen_vec<float, 4> *)&t1[i13 * d_D + vb105] = vec103;
             } else {
-                for (int64_t i97 = vb101; i97 < vb101 + 4 && i97 < v6; i97++) {
-                    const float v105 = l10[i97];
-                    t1[i9 * d_D + i97] = v105;
+                for (int64_t i101 = vb105; i101 < vb105 + 4 && i101 < v2; i101++) {
+                    const float v109 = l14[i101];
+                    t1[i13 * d_D + i101] = v109;
                 }
             }
         }
@@ -1093,21 +1157,21 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward_bf16_u_k1(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    uint16_t *__restrict__ grad_w = (uint16_t *)a.bufs[5].data;
+    uint16_t *__restrict__ p_grad_w = (uint16_t *)a.bufs[5].data;
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v106 = 0ll;
-    const int64_t v107 = d_D;
-    const int64_t v108 = ((d_N + 31) / 32);
-    for (int64_t i109 = v106 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i109 < v107; i109 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l110 = (float)0;
-        for (int64_t i111 = v106; i111 < v108; i111++) {
-            const float v112 = t1[i111 * d_D + i109];
-            l110 += v112;
+    const int64_t v110 = 0ll;
+    const int64_t v111 = d_D;
+    const int64_t v112 = ((d_N + 31) / 32);
+    for (int64_t i113 = v110 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i113 < v111; i113 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l114 = (float)0;
+        for (int64_t i115 = v110; i115 < v112; i115++) {
+            const float v116 = t1[i115 * d_D + i113];
+            l114 += v116;
         }
-        const float v113 = l110;
-        grad_w[i109] = opgen_f32_to_bf16(v113);
+        const float v117 = l114;
+        p_grad_w[i113] = opgen_f32_to_bf16(v117);
     }
 }
 
@@ -1123,15 +1187,20 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v116 = 0ll;
-    const int64_t v117 = ((d_N + 31) / 32);
-    const int64_t v118 = 0ll;
-    const int64_t v119 = d_D;
+    const int64_t v125 = d_D;
+    const int64_t v126 = 0ll;
+    const bool v127 = v125 == v126;
+    const bool v128 = v125 == v126;
+    const bool v129 = v127 && v128;
+    const int64_t v130 = ((d_N + 31) / 32);
+    const int64_t v131 = v129 ? v126 : v130;
+    const int64_t v132 = 0ll;
+    const int64_t v133 = d_D;
     a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid120 = opgen_cuda_grid(v117 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid120 > 0) k_rms_norm_backward_bf16_u_k0<<<(unsigned)grid120, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid121 = opgen_cuda_grid((v119 - v118 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid121 > 0) k_rms_norm_backward_bf16_u_k1<<<(unsigned)grid121, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid134 = opgen_cuda_grid(v131 - v126, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid134 > 0) k_rms_norm_backward_bf16_u_k0<<<(unsigned)grid134, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid135 = opgen_cuda_grid((v133 - v132 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid135 > 0) k_rms_norm_backward_bf16_u_k1<<<(unsigned)grid135, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_bf16_u");
 }
 
@@ -1161,17 +1230,17 @@ static const opgen_variant_t V_rms_norm_backward[] = {
 static const int8_t A_rms_norm_backward[][2] = {{4, 0}};
 static const opgen_op_t OP_rms_norm_backward = {"rms_norm_backward", 6, 2, 1, 1, 1, P_rms_norm_backward, D_rms_norm_backward, V_rms_norm_backward, A_rms_norm_backward};
 extern "C" OPGEN_API opgen_status_t opgen_cuda_rms_norm_backward(const opgen_tensor_t *grad_y, const opgen_tensor_t *x, const opgen_tensor_t *w, float eps, const opgen_tensor_t *grad_x, const opgen_tensor_t *grad_w, void *workspace, size_t workspace_size, void *stream) {
-    const opgen_tensor_t *t[6] = {grad_y, x, w, NULL, grad_x, grad_w};
-    opgen_scalar_t sc[6];
-    memset(sc, 0, sizeof sc);
-    sc[3].f = eps;
-    return opgen_cuda_run(&OP_rms_norm_backward, t, sc, workspace, workspace_size, NULL, 0, stream);
+    const opgen_tensor_t *opgen_t[6] = {grad_y, x, w, NULL, grad_x, grad_w};
+    opgen_scalar_t opgen_sc[6];
+    memset(opgen_sc, 0, sizeof opgen_sc);
+    opgen_sc[3].f = eps;
+    return opgen_cuda_run(&OP_rms_norm_backward, opgen_t, opgen_sc, workspace, workspace_size, NULL, 0, stream);
 }
 extern "C" OPGEN_API opgen_status_t opgen_cuda_rms_norm_backward_workspace_size(const opgen_tensor_t *grad_y, const opgen_tensor_t *x, const opgen_tensor_t *w, float eps, const opgen_tensor_t *grad_x, const opgen_tensor_t *grad_w, size_t *size) {
-    const opgen_tensor_t *t[6] = {grad_y, x, w, NULL, grad_x, grad_w};
-    opgen_scalar_t sc[6];
-    memset(sc, 0, sizeof sc);
-    sc[3].f = eps;
+    const opgen_tensor_t *opgen_t[6] = {grad_y, x, w, NULL, grad_x, grad_w};
+    opgen_scalar_t opgen_sc[6];
+    memset(opgen_sc, 0, sizeof opgen_sc);
+    opgen_sc[3].f = eps;
     if (!size) return opgen_fail(OPGEN_ERR_NULL, "size is NULL");
-    return opgen_cuda_run(&OP_rms_norm_backward, t, sc, NULL, 0, size, 1, NULL);
+    return opgen_cuda_run(&OP_rms_norm_backward, opgen_t, opgen_sc, NULL, 0, size, 1, NULL);
 }

@@ -10,10 +10,11 @@
  *   - workspace is device memory of at least opgen_cuda_<op>_workspace_size() bytes, or NULL
  *     with size 0: the call then allocates it with cudaMallocAsync and frees it with
  *     cudaFreeAsync on `stream`;
- *   - index values out of range cannot be reported synchronously: they are detected on the
+ *   - index values out of range, and an op's other checks on tensor data (a DSL check() whose
+ *     condition reads tensors), cannot be reported synchronously: they are detected on the
  *     device, the call then writes NOTHING (every later step of the call returns at once, no
- *     out-of-bounds access ever happens) and OPGEN_ERR_INDEX is recorded in the device's sticky
- *     status word, which opgen_cuda_device_status() reads.
+ *     out-of-bounds access ever happens) and the status (OPGEN_ERR_INDEX, or the check's) is
+ *     recorded in the device's sticky status word, which opgen_cuda_device_status() reads.
  * Results are bitwise identical from run to run (no floating-point atomics; fixed reduction
  * trees), though not necessarily bitwise identical to the CPU library's.
  * Errors of the CUDA library are described by opgen_cuda_last_error() (per calling thread). */
@@ -31,8 +32,8 @@ OPGEN_API const char *opgen_cuda_last_error(void);
 /* Human-readable name of a status (same as opgen_status_string). */
 OPGEN_API const char *opgen_cuda_status_string(opgen_status_t status);
 /* Synchronises `stream`, then returns the device-side status recorded since the last clear:
- * OPGEN_SUCCESS, or OPGEN_ERR_INDEX when some call met an index out of range (and wrote
- * nothing). clear != 0 resets it. */
+ * OPGEN_SUCCESS, or the status of a failed device-side check (OPGEN_ERR_INDEX for an index out
+ * of range) of some call, which wrote nothing. clear != 0 resets it. */
 OPGEN_API opgen_status_t opgen_cuda_device_status(void *stream, int clear);
 
 /* embedding_backward: ``dtable_k[i_k[n]] += alpha_k * dy[n]`` (duplicates summed); a table whose ``acc`` flag is (see opgen_embedding_backward in opgen.h) */

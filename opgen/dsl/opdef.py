@@ -126,6 +126,9 @@ class OpDef:
         aliased = [o for o, _ in self.may_alias if o in {p.name for p in params}]
         if aliased:
             func.properties["may_alias"] = ArrayAttr([StringAttr(o) for o in aliased])
+        rank0 = [p.name for p in params if isinstance(p.spec, TensorSpec) and not p.spec.shape]
+        if rank0:
+            func.properties["rank0_tensors"] = ArrayAttr([StringAttr(n) for n in rank0])
         block: Block = func.body.block
         with Tracer(self.name, block, dvars) as t:
             kwargs: dict[str, Any] = {}

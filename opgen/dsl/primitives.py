@@ -247,11 +247,17 @@ def iota(shape: Sequence[DimLike], axis: int = 0, dtype: dtypes.DType = dtypes.I
 
 
 def check(cond: Any, message: str, status: str = "param") -> None:
-    """Run-time precondition on attributes and sizes (``check(label_smoothing == 0, ...)``):
-    when false the op returns the ABI's ``param`` (or ``shape``) status and writes nothing."""
+    """Run-time precondition: ``check(label_smoothing == 0, ...)`` on attributes and sizes, or a
+    bool tensor every element of which must hold (``check((t >= 0) & (t < size(V)), ...,
+    status="index")``). When it fails the op returns the ABI's ``param``, ``shape`` or ``index``
+    status and writes nothing."""
     c = as_value(cond)
-    if c.ndim != 0 or c.dtype != "bool":
-        raise tracer().error("check(): condition must be a bool scalar")
+    if c.dtype != "bool":
+        raise tracer().error("check(): condition must be bool (compare first)")
+    if status not in ir.CHECK_STATUSES:
+        raise tracer().error(f"check(): status must be one of {', '.join(ir.CHECK_STATUSES)}, got {status!r}")
+    if not isinstance(message, str) or not message:
+        raise tracer().error("check(): message must be a non-empty string")
     tracer().emit(ir.CheckOp(c.ssa, message, status))
 
 

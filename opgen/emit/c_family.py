@@ -17,10 +17,13 @@ from xdsl.ir import Operation, SSAValue
 
 from opgen import dtypes
 from opgen.dtypes import DType
+from opgen.emit import cnames
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 
 LANES = 16
+#: the opgen_scalar_t member holding a by-value parameter of each dtype
+SCALAR_FIELD = {"f32": "f", "i64": "i", "bool": "b"}
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,9 @@ class CPrinter:
         self.buf_info = buf_info
         self.dim_ids = dim_ids
         self.names: dict[SSAValue, str] = {}
+        #: kernel arguments by DSL parameter name (printed as cnames.local(name))
+        self.arg_of: dict[SSAValue, str] = dict(zip(kernel.body.block.args, (a.data for a in kernel.arg_names.data),
+                                                    strict=True))
         self.lines: list[str] = []
         self.depth = 1
         self.counter = 0
@@ -98,8 +104,21 @@ class CPrinter:
         if d.startswith("cdiv("):
             name, k = d[5:-1].split(",")
             return f"((d_{name} + {int(k) - 1}) / {k})"
+        if d.startswith("segs("):  # a segment table's words: the runtime's layout (sched.segments)
+            rows, n = d[5:-1].split(",")
+            return f"opgen_seg_words({self.dim(rows)}, {self.dim(n)})"
         base, _, plus = d.partition("+")
         return f"(d_{base} + {plus})" if plus else f"d_{base}"
+
+    @staticmethod
+    def stride_name(param: str, axis: int) -> str:
+        """The local holding a caller buffer's stride (elements) along ``axis``."""
+        return f"st_{param}_{axis}"
+
+    @staticmethod
+    def rows_name(param: str) -> str:
+        """The local holding a caller buffer's row-offset table (Batch dims)."""
+        return f"ro_{param}"
 
     # ------------------------------------------------------------------ output
     def line(self, text: str) -> None:
@@ -120,19 +139,19 @@ class CPrinter:
     # ------------------------------------------------------------------ addressing
     def offset(self, buf: SSAValue, idx: list[SSAValue]) -> str:
         b = s.buf_type(buf)
-        bn = self.name(buf)
+        pn = self.arg_of.get(buf, "")
         terms = []
-        info = self.buf_info.get(bn)
+        info = self.buf_info.get(pn)
         for i, v in enumerate(idx):
             iv = self.name(v)
             if b.role.data in ("in", "out"):
                 assert info is not None
                 if i == 0 and info.batch:
-                    terms.append(f"ro_{bn}[{iv}]")
+                    terms.append(f"{self.rows_name(pn)}[{iv}]")
                 elif i == b.rank - 1 and (info.last_contig or self.unit_last):
                     terms.append(iv)
                 else:
-                    terms.append(f"{iv} * st_{bn}_{i}")
+                    terms.append(f"{iv} * {self.stride_name(pn, i)}")
             else:
                 stride = " * ".join(self.dim(d) for d in b.shape[i + 1:])
                 terms.append(f"{iv} * {stride}" if stride else iv)
@@ -196,6 +215,8 @@ class CPrinter:
                 return f"{self.name(op.buf)}[{self.offset(op.buf, [op.i])}]"
             byte = f"{self.name(op.buf)}[{self._raw_offset(op.buf, (f'({i} >> 3)',))}]"
             return f"(bool)(({byte} >> ({i} & 7)) & 1)"
+        if isinstance(op, s.SegmentStartOp):
+            return f"opgen_seg_start({', '.join(args)})"
         if isinstance(op, s.FlagsOp):
             return "8ll" if self.dtype(s.buf_type(op.buf).dtype) == dtypes.U8 else "1ll"
         if type(op) in self.UNARY_F:
@@ -277,8 +298,8 @@ class CPrinter:
             self.line(f'if (!({self.name(op.cond)})) return opgen_fail({st}, "{self.k.sym_name.data}: {msg}");')
         elif isinstance(op, s.SegmentsOp):
             n = self.dim(s.buf_type(op.idx).shape[0])
-            self.line(f"opgen_segments({self.name(op.idx)}, {n}, {self.name(op.rows)}, "
-                      f"{self.name(op.start)}, {self.name(op.order)});")
+            self.line(f"opgen_seg_build({self.name(op.idx)}, {n}, {self.name(op.rows)}, "
+                      f"{self.name(op.seg)}, {self.name(op.order)});")
         elif isinstance(op, s.MatmulOp):
             self.matmul(op)
         elif op.results:
@@ -292,10 +313,10 @@ class CPrinter:
         n = self.fresh("l" if b.role.data == "local" else "t")
         self.names[op.result] = n
         zero = op.zero is not None and op.zero.data
-        if b.rank == 0:
+        if b.rank == 0 and b.role.data == "local":  # a register
             self.line(f"{ct} {n}{' = 0' if zero else ''};")
             return
-        count = " * ".join(f"(size_t){self.dim(d)}" for d in b.shape)
+        count = " * ".join(f"(size_t){self.dim(d)}" for d in b.shape) or "(size_t)1"
         if b.role.data == "temp":
             self.temps.append((n, ct, count))
         else:
@@ -444,26 +465,28 @@ class CPrinter:
         names = [a.data for a in self.k.arg_names.data]
         prologue: list[str] = []
         for n, a in zip(names, self.k.body.block.args, strict=True):
-            self.names[a] = n
+            cn = cnames.local(n)
+            self.names[a] = cn
             t = a.type
             if isinstance(t, s.BufType):
                 ct = self.storage_ctype(t)
                 const = "const " if t.role.data == "in" else ""
                 info = self.buf_info[n]
-                prologue.append(f"{const}{ct} *{self.restrict} {n} = ({const}{ct} *)bufs[{info.param_index}].data;")
-                used = [n]
+                prologue.append(f"{const}{ct} *{self.restrict} {cn} = ({const}{ct} *)bufs[{info.param_index}].data;")
+                used = [cn]
                 for i in range(t.rank):
                     if not (i == t.rank - 1 and (info.last_contig or self.unit_last)):
-                        prologue.append(f"const int64_t st_{n}_{i} = bufs[{info.param_index}].st[{i}];")
-                        used.append(f"st_{n}_{i}")
+                        st = self.stride_name(n, i)
+                        prologue.append(f"const int64_t {st} = bufs[{info.param_index}].st[{i}];")
+                        used.append(st)
                 if info.batch:
-                    prologue.append(f"const int64_t *ro_{n} = bufs[{info.param_index}].ro;")
-                    used.append(f"ro_{n}")
+                    prologue.append(f"const int64_t *{self.rows_name(n)} = bufs[{info.param_index}].ro;")
+                    used.append(self.rows_name(n))
                 prologue.append(" ".join(f"(void){u};" for u in used))
             else:
-                field = {"f32": "f", "i64": "i", "bool": "b"}[ir.tensor_type(a).dtype]
-                prologue.append(f"const {self.ctype(ir.tensor_type(a).dtype)} {n} = "
-                                f"sc[{self.param_index[n]}].{field}; (void){n};")
+                field = SCALAR_FIELD[ir.tensor_type(a).dtype]
+                prologue.append(f"const {self.ctype(ir.tensor_type(a).dtype)} {cn} = "
+                                f"sc[{self.param_index[n]}].{field}; (void){cn};")
         for d, i in self.dim_ids.items():
             prologue.append(f"const int64_t d_{d} = dims[{i}]; (void)d_{d};")
         pre: list[str] = []
@@ -474,12 +497,16 @@ class CPrinter:
                     break
                 lead.append(op)
             needed: set[Operation] = set()
-            todo = [op for op in lead if isinstance(op, s.FailOp)]
-            while todo:  # the checks and what they read
-                op = todo.pop()
-                if op not in needed:
-                    needed.add(op)
-                    todo.extend(o.owner for o in op.operands if isinstance(o.owner, Operation))
+            for check in (op for op in lead if isinstance(op, s.FailOp)):
+                deps: set[Operation] = set()
+                todo: list[Operation] = [check]
+                while todo:  # the check and what it reads
+                    op = todo.pop()
+                    if op not in deps:
+                        deps.add(op)
+                        todo.extend(o.owner for o in op.operands if isinstance(o.owner, Operation))
+                if not any(isinstance(op, s.LoadOp | s.LoadBitOp) for op in deps):
+                    needed |= deps  # no tensor data is read: the sizing call may run it
             self.walk(op for op in lead if op in needed)
             pre = [f"static opgen_status_t {self.pre_name}(const opgen_buf_t *bufs, const int64_t *dims, "
                    f"const opgen_scalar_t *sc) {{"]

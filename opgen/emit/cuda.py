@@ -54,8 +54,8 @@ from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from opgen import dtypes
 from opgen.dsl.opdef import OpDef
-from opgen.emit import cpu
-from opgen.emit.c_family import BufInfo, CPrinter
+from opgen.emit import cnames, cpu
+from opgen.emit.c_family import SCALAR_FIELD, BufInfo, CPrinter
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 
@@ -150,9 +150,8 @@ class CudaPrinter(CPrinter):
         self.vec_subst: dict[tuple[SSAValue, tuple[SSAValue, ...]], str] = {}  # element -> vector lane
         self.top = list(kernel.body.block.ops)
         self.order = {op: i for i, op in enumerate(self.top)}
-        self.arg_names: dict[SSAValue, str] = {}
-        for n, a in zip((x.data for x in kernel.arg_names.data), kernel.body.block.args, strict=True):
-            self.arg_names[a] = n
+        #: kernel arguments -> their identifiers in the printed code (DSL names: self.arg_of)
+        self.arg_names: dict[SSAValue, str] = {a: cnames.local(n) for a, n in self.arg_of.items()}
         self.names = dict(self.arg_names)
 
     # ------------------------------------------------------------------ helpers
@@ -351,7 +350,7 @@ class CudaPrinter(CPrinter):
                     return 1
                 continue
             b = s.buf_type(o.buf)
-            name = self.arg_names.get(o.buf)
+            name = self.arg_of.get(o.buf)
             if name is not None:
                 if b.rank == 1 and self.buf_info[name].batch:
                     return 1
@@ -823,24 +822,27 @@ class CudaPrinter(CPrinter):
         """Kernel-side bindings of the arguments, dims and temporaries ``body`` uses (nvcc
         rejects unused ones under -Werror, even cast to void)."""
         decls: list[tuple[str, str]] = []
-        for a, n in self.arg_names.items():
+        for a, n in self.arg_of.items():
             t = a.type
+            cn = self.arg_names[a]
             if isinstance(t, s.BufType):
                 ct = self.storage_ctype(t)
                 const = "const " if t.role.data == "in" else ""
                 info = self.buf_info[n]
                 k = info.param_index
                 rs = "" if n in self.no_restrict else f"{self.restrict} "  # may-alias pairs: no restrict
-                decls.append((n, f"{const}{ct} *{rs}{n} = ({const}{ct} *)a.bufs[{k}].data;"))
+                decls.append((cn, f"{const}{ct} *{rs}{cn} = ({const}{ct} *)a.bufs[{k}].data;"))
                 for i in range(t.rank):
                     if not (i == t.rank - 1 and (info.last_contig or self.unit_last)):
-                        decls.append((f"st_{n}_{i}", f"const int64_t st_{n}_{i} = a.bufs[{k}].st[{i}];"))
+                        st = self.stride_name(n, i)
+                        decls.append((st, f"const int64_t {st} = a.bufs[{k}].st[{i}];"))
                 if info.batch:
-                    decls.append((f"ro_{n}", f"const int64_t *ro_{n} = a.bufs[{k}].ro;"))
+                    ro = self.rows_name(n)
+                    decls.append((ro, f"const int64_t *{ro} = a.bufs[{k}].ro;"))
             else:
-                field = {"f32": "f", "i64": "i", "bool": "b"}[ir.tensor_type(a).dtype]
-                decls.append((n, f"const {self.ctype(ir.tensor_type(a).dtype)} {n} = "
-                                 f"a.sc[{self.param_index[n]}].{field};"))
+                field = SCALAR_FIELD[ir.tensor_type(a).dtype]
+                decls.append((cn, f"const {self.ctype(ir.tensor_type(a).dtype)} {cn} = "
+                                  f"a.sc[{self.param_index[n]}].{field};"))
         for d, i in self.dim_ids.items():
             decls.append((f"d_{d}", f"const int64_t d_{d} = a.dims[{i}];"))
         for v, r in self.region_of.items():
@@ -853,11 +855,12 @@ class CudaPrinter(CPrinter):
     def host_prologue(self, scalars: bool, body: list[str]) -> list[str]:
         decls: list[tuple[str, str]] = []
         if scalars:
-            for a, n in self.arg_names.items():
+            for a, n in self.arg_of.items():
                 if isinstance(a.type, ir.TensorType):
-                    field = {"f32": "f", "i64": "i", "bool": "b"}[ir.tensor_type(a).dtype]
-                    decls.append((n, f"const {self.ctype(ir.tensor_type(a).dtype)} {n} = "
-                                     f"sc[{self.param_index[n]}].{field};"))
+                    cn = self.arg_names[a]
+                    field = SCALAR_FIELD[ir.tensor_type(a).dtype]
+                    decls.append((cn, f"const {self.ctype(ir.tensor_type(a).dtype)} {cn} = "
+                                      f"sc[{self.param_index[n]}].{field};"))
         for d, i in self.dim_ids.items():
             decls.append((f"d_{d}", f"const int64_t d_{d} = dims[{i}];"))
         return _used(decls, body)
@@ -964,9 +967,11 @@ class CudaPrinter(CPrinter):
                     steps.append(("segments", op))
                 continue
             # one kernel per top-level loop; statements sharing a scalar local stay together
-            used = {v for x in op.walk() for v in x.operands
-                    if isinstance(v.type, s.BufType) and s.buf_type(v).role.data == "local"
-                    and v.owner is not op}
+            # (also through the top-level scalars they need, e.g. a load of a full reduction)
+            deps = self.operands_of([op])
+            deps += [v for p in self.needed(deps) for v in p.operands]
+            used = {v for v in deps
+                    if isinstance(v.type, s.BufType) and s.buf_type(v).role.data == "local" and v.owner is not op}
             if not (cur and used & cur_regs):
                 flush()
                 cur_regs.clear()
@@ -989,7 +994,7 @@ class CudaPrinter(CPrinter):
             if kind == "segments":
                 op = x
                 assert isinstance(op, s.SegmentsOp)
-                for b in (op.idx, op.start, op.order):
+                for b in (op.idx, op.seg, op.order):
                     if b not in self.region_of:
                         raise CudaUnsupported(f"{self.fn_name}: segments on a non-temporary buffer")
                 if not self.host_ok(op.rows, scalars=False):
@@ -1115,7 +1120,7 @@ class CudaPrinter(CPrinter):
                 assert isinstance(op, s.SegmentsOp)
                 rk, rv, rt = seg_regions[op]
                 n = self.dim(s.buf_type(op.idx).shape[0])
-                ri, rs, ro = (self.region_of[b] for b in (op.idx, op.start, op.order))
+                ri, rs, ro = (self.region_of[b] for b in (op.idx, op.seg, op.order))
                 self.line("{")
                 self.line(f"    const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[{ri}], {n}, "
                           f"{self.name(op.rows)}, (int64_t *)a.wsp[{rs}], (int64_t *)a.wsp[{ro}], "

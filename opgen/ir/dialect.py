@@ -203,6 +203,9 @@ class FuncOp(IRDLOperation):
     arg_names = prop_def(ArrayAttr[StringAttr])
     dtype_vars = prop_def(DictionaryAttr)
     may_alias = opt_prop_def(ArrayAttr[StringAttr])
+    #: rank-0 parameters that are tensors in memory (the others of rank 0 — attributes and
+    #: sizes — are passed by value)
+    rank0_tensors = opt_prop_def(ArrayAttr[StringAttr])
     body = region_def("single_block")
 
     traits = traits_def(IsolatedFromAbove())
@@ -227,6 +230,11 @@ class FuncOp(IRDLOperation):
         """Outputs the caller may pass as the same buffer as an input."""
         return tuple(a.data for a in self.may_alias.data) if self.may_alias else ()
 
+    @property
+    def in_memory_scalars(self) -> tuple[str, ...]:
+        """Rank-0 parameters that are tensors (read from memory), not by-value scalars."""
+        return tuple(a.data for a in self.rank0_tensors.data) if self.rank0_tensors else ()
+
     def dtype_var_map(self) -> dict[str, tuple[dtypes.DType, ...]]:
         return {k: tuple(dtypes.by_name(x.data) for x in v.data)  # type: ignore[union-attr]
                 for k, v in self.dtype_vars.data.items()}
@@ -241,6 +249,9 @@ class FuncOp(IRDLOperation):
         if not isinstance(ret, ReturnOp):
             raise VerifyException("opgen.func: body must end in opgen.return")
         args = dict(zip((a.data for a in self.arg_names.data), self.body.block.args, strict=True))
+        for name in self.in_memory_scalars:
+            if name not in args or tensor_type(args[name]).rank != 0:
+                raise VerifyException(f"opgen.func: rank0_tensors names '{name}', not a rank-0 parameter")
         for name, v in zip((n.data for n in ret.names.data), ret.values, strict=True):
             if name not in args:
                 raise VerifyException(f"opgen.func: returns '{name}', which is not a parameter")
@@ -266,10 +277,14 @@ class ReturnOp(IRDLOperation):
             raise VerifyException("opgen.return: one name per returned value")
 
 
+CHECK_STATUSES = ("param", "shape", "index")
+
+
 @irdl_op_definition
 class CheckOp(IRDLOperation):
-    """Run-time precondition on scalars: when ``cond`` is false the op fails with ``status``
-    (``param`` or ``shape``) and writes nothing. Backends evaluate it before any output is touched.
+    """Run-time precondition: unless every element of the bool tensor ``cond`` is true (a scalar
+    for conditions on attributes and sizes) the op fails with ``status`` (``param``, ``shape`` or
+    ``index``) and writes nothing. Backends evaluate it before any output is touched.
     """
 
     name = "opgen.check"
@@ -282,11 +297,10 @@ class CheckOp(IRDLOperation):
             "message": StringAttr(message), "status": StringAttr(status)})
 
     def verify_(self) -> None:
-        t = tensor_type(self.cond)
-        if t.rank != 0 or t.dtype != "bool":
-            raise VerifyException("opgen.check: condition must be a bool scalar")
-        if self.status.data not in ("param", "shape"):
-            raise VerifyException("opgen.check: status must be 'param' or 'shape'")
+        if tensor_type(self.cond).dtype != "bool":
+            raise VerifyException("opgen.check: condition must be a bool tensor")
+        if self.status.data not in CHECK_STATUSES:
+            raise VerifyException(f"opgen.check: status must be one of {CHECK_STATUSES}")
 
 
 # ------------------------------------------------------------------------- leaf values

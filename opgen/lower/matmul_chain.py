@@ -20,7 +20,7 @@ from xdsl.ir import Operation, SSAValue
 from opgen import dtypes
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.to_loops import MATERIALISED, NotFusable, _Builder, _Lowering
+from opgen.lower.to_loops import NotFusable, _Builder, _Lowering
 
 #: default tile of the (M, N) space; a pipeline may ask for fewer rows per block (more blocks)
 ROW_BLOCK = 256
@@ -69,7 +69,7 @@ class MatmulChainLowering(_Lowering):
             elif cand is not g:
                 raise NotFusable("outputs are products of different values")
             lst.append((name, v, mm))
-        if g is None or isinstance(g.owner, MATERIALISED) or not isinstance(g.owner, Operation):
+        if g is None or self.materialises(g.owner) or not isinstance(g.owner, Operation):
             raise NotFusable("no elementwise producer")
         mats = [m for m in self.materialised() if m.owner not in
                 [mm for _, _, mm in row_out + col_out] and m is not g]
@@ -217,6 +217,8 @@ class MatmulChainLowering(_Lowering):
 
     # ------------------------------------------------------------------ driver
     def run(self) -> s.KernelOp:
+        if self.late_checks():
+            raise NotFusable("a check reads a materialised value")
         ch = self.plan()
         self.prologue()
         for outs, by_rows in ((ch.row_out, True), (ch.col_out, False)):

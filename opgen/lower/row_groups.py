@@ -19,7 +19,7 @@ from xdsl.ir import Operation, SSAValue
 
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.to_loops import MATERIALISED, NotFusable, _Builder, _Lowering
+from opgen.lower.to_loops import NotFusable, _Builder, _Lowering
 
 CHUNK = 32  # rows per partial of a column reduction
 
@@ -30,10 +30,6 @@ class Group:
     outputs: list[tuple[str, SSAValue]] = field(default_factory=list)
     colreds: list[tuple[str, ir.ReduceOp]] = field(default_factory=list)
     rowlocal: list[SSAValue] = field(default_factory=list)
-
-
-def _inlined(v: SSAValue) -> bool:
-    return isinstance(v.owner, Operation) and not isinstance(v.owner, MATERIALISED)
 
 
 class RowGroupLowering(_Lowering):
@@ -50,7 +46,7 @@ class RowGroupLowering(_Lowering):
                 u = use.operation
                 if isinstance(u, ir.ReturnOp):
                     out.add(x)
-                elif isinstance(u, MATERIALISED) or isinstance(u, ir.CheckOp):
+                elif self.materialises(u) or isinstance(u, ir.CheckOp):
                     out.add(u.results[0] if u.results else x)
                 else:
                     for r in u.results:
@@ -73,7 +69,7 @@ class RowGroupLowering(_Lowering):
                 if o in seen:
                     continue
                 seen.add(o)
-                if isinstance(o.owner, MATERIALISED):
+                if self.materialises(o.owner):
                     out.add(o)
                 else:
                     todo.append(o)
@@ -129,11 +125,13 @@ class RowGroupLowering(_Lowering):
             todo.extend(self.sources(x) if isinstance(x.owner, Operation) else [])
             op = x.owner
             if isinstance(op, Operation):
-                todo.extend(o for o in op.operands if isinstance(o.owner, MATERIALISED))
+                todo.extend(o for o in op.operands if self.materialises(o.owner))
         return out
 
     # ------------------------------------------------------------------ driver
     def run(self) -> s.KernelOp:
+        if self.late_checks():
+            raise NotFusable("a check reads a materialised value")
         groups = self.plan()
         self.prologue()
         grouped = {m for g in groups for m in g.rowlocal}
@@ -153,6 +151,10 @@ class RowGroupLowering(_Lowering):
     def lower_group(self, g: Group) -> None:
         b = _Builder(self.kblock)
         x_dim = g.dim
+        # no row does anything when every member's row is empty
+        rests = [ir.tensor_type(r.x).shape[1:] for _, r in g.colreds] + \
+            [ir.tensor_type(v).shape[1:] for _, v in g.outputs]
+        skip = b.empty(*rests)
         partials: list[tuple[str, ir.ReduceOp, SSAValue, SSAValue]] = []
         if g.colreds:
             nchunk = f"cdiv({x_dim},{CHUNK})"
@@ -161,7 +163,7 @@ class RowGroupLowering(_Lowering):
                 p = s.AllocOp(s.BufType.make([nchunk, *rest], ir.tensor_type(r.x).dtype, "temp"))
                 self.kblock.add_op(p)
                 partials.append((name, r, p.result, SSAValue.get(p.result)))
-            (c,) = b.loops([nchunk], "parallel", "c")
+            (c,) = b.loops([nchunk], "parallel", "c", skip_if=skip)
             accs = []
             for _, r, _, _ in partials:
                 rest = list(ir.tensor_type(r.result).shape)
@@ -172,7 +174,7 @@ class RowGroupLowering(_Lowering):
             hi = b.scalar(ir.MinOp(b.scalar(ir.AddOp(lo, b.const(CHUNK, "i64"))), b.dim(x_dim)))
             x = b.open(lo, hi, "serial", "x")
         else:
-            (x,) = b.loops([x_dim], "parallel", "x")
+            (x,) = b.loops([x_dim], "parallel", "x", skip_if=skip)
             accs = []
         # row-local values, in program order
         order = {v: i for i, op in enumerate(self.func.body.block.ops) for v in op.results}

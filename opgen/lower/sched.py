@@ -251,17 +251,43 @@ class AccumOp(IRDLOperation):
 
 @irdl_op_definition
 class SegmentsOp(IRDLOperation):
-    """Stable counting sort of an index buffer into ``rows`` segments: ``start`` (rows+1) and
-    ``order`` (n sorted by index, ties in increasing n). Indices are range-checked beforehand."""
+    """Stable sort of an index buffer (``n`` values, range-checked beforehand) into ``rows``
+    segments: ``order`` (n positions sorted by index, ties in increasing position) and ``seg``,
+    the segment table read by ``sched.segment_start``. ``seg`` has the symbolic size
+    ``segs(rows, n)`` words: the target's runtime picks the layout from the two sizes (a dense
+    start table when ``rows`` is not much larger than ``n``, else the n sorted indices searched
+    by bisection), so the workspace grows with the number of indices, not with ``rows``."""
 
     name = "sched.segments"
     idx = operand_def(BufType)
-    start = operand_def(BufType)
+    seg = operand_def(BufType)
     order = operand_def(BufType)
     rows = operand_def(TensorType)
 
-    def __init__(self, idx: SSAValue, start: SSAValue, order: SSAValue, rows: SSAValue):
-        super().__init__(operands=[idx, start, order, rows])
+    def __init__(self, idx: SSAValue, seg: SSAValue, order: SSAValue, rows: SSAValue):
+        super().__init__(operands=[idx, seg, order, rows])
+
+    def verify_(self) -> None:
+        shape = buf_type(self.seg).shape
+        if len(shape) != 1 or not shape[0].startswith("segs("):
+            raise VerifyException("sched.segments: seg must be a 1-D buffer of segs(rows, n) words")
+
+
+@irdl_op_definition
+class SegmentStartOp(IRDLOperation):
+    """The first position (in ``order``) of segment ``v`` of a ``sched.segments`` table, for
+    ``v`` in ``[0, rows]`` (``v = rows`` gives ``n``): segment ``v`` is ``[start(v), start(v+1))``.
+    ``rows`` and ``n`` are the sizes the table was built with."""
+
+    name = "sched.segment_start"
+    seg = operand_def(BufType)
+    v = operand_def(TensorType)
+    rows = operand_def(TensorType)
+    n = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    def __init__(self, seg: SSAValue, v: SSAValue, rows: SSAValue, n: SSAValue):
+        super().__init__(operands=[seg, v, rows, n], result_types=[INDEX])
 
 
 @irdl_op_definition
@@ -312,6 +338,8 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
     for o in op.walk():
         if isinstance(o, LoadOp | LoadBitOp):
             reads.add(o.buf)
+        elif isinstance(o, SegmentStartOp):
+            reads.add(o.seg)
         elif isinstance(o, StoreOp | AccumOp):
             writes.add(o.buf)
         elif isinstance(o, MatmulOp):
@@ -319,9 +347,9 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
             writes.add(o.c)
         elif isinstance(o, SegmentsOp):
             reads.add(o.idx)
-            writes |= {o.start, o.order}
+            writes |= {o.seg, o.order}
     return reads, writes
 
 
 Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, LoadOp, LoadBitOp, FlagsOp, StoreOp, AccumOp, SegmentsOp,
-                          FailOp, MatmulOp], [BufType])
+                          SegmentStartOp, FailOp, MatmulOp], [BufType])

@@ -97,9 +97,39 @@ class _Builder:
         depth = len(self.levels)
         self.memo = {k: v for k, v in self.memo.items() if self.level_of.get(v, 0) < depth}
 
-    def loops(self, dims: Sequence[str], kind: str, hint: str = "i") -> list[SSAValue]:
+    def loops(self, dims: Sequence[str], kind: str, hint: str = "i", skip_if: SSAValue | None = None) -> list[SSAValue]:
+        """A loop per dim, outermost first. ``skip_if`` (a bool scalar): the outermost loop runs
+        no iteration when it holds (see :meth:`empty`)."""
         zero = self.const(0, "i64")
-        return [self.open(zero, self.dim(d), kind, f"{hint}{k}") for k, d in enumerate(dims)]
+        out = []
+        for k, d in enumerate(dims):
+            hi = self.dim(d)
+            if k == 0 and skip_if is not None:
+                hi = self.scalar(ir.SelectOp(skip_if, zero, hi))
+            out.append(self.open(zero, hi, kind, f"{hint}{k}"))
+        return out
+
+    def empty(self, *shapes: Sequence[str]) -> SSAValue | None:
+        """True when every one of ``shapes`` has a zero dim (None when some shape has no dim
+        that can be zero): a nest whose work all lies in such shapes has nothing to do, and
+        must not walk its other dims (an empty (2^62, 0) table has 2^62 rows and no element)."""
+        conds = []
+        for shape in shapes:
+            zs = [self.scalar(ir.CmpOp("eq", self.dim(d), self.const(0, "i64"))) for d in shape if not d.isdigit()]
+            if any(d.isdigit() and int(d) == 0 for d in shape):
+                continue  # always empty
+            if not zs:
+                return None
+            c = zs[0]
+            for z in zs[1:]:
+                c = self.scalar(ir.OrOp(c, z))
+            conds.append(c)
+        if not conds:
+            return None
+        c = conds[0]
+        for x in conds[1:]:
+            c = self.scalar(ir.AndOp(c, x))
+        return c
 
     def close_n(self, n: int) -> None:
         for _ in range(n):
@@ -114,11 +144,12 @@ class _Lowering:
         self.ret = func.body.block.last_op
         assert isinstance(self.ret, ir.ReturnOp)
         out_names = {n.data for n in self.ret.names.data}
+        in_memory = set(func.in_memory_scalars)
         arg_types = []
         for n, a in zip(names, func.body.block.args, strict=True):
             t = ir.tensor_type(a)
-            if t.rank == 0:
-                arg_types.append(t)
+            if t.rank == 0 and n not in in_memory:
+                arg_types.append(t)  # an attribute or a size: passed by value
             else:
                 arg_types.append(s.BufType.make(t.shape, t.dtype, "out" if n in out_names else "in"))
         self.kernel = s.KernelOp(func.sym_name.data, names, arg_types, func.dtype_vars)
@@ -127,15 +158,29 @@ class _Lowering:
         self.ibuf: dict[SSAValue, SSAValue] = {}  # index value -> its range-checked i64 copy
         self.rowlocal: dict[SSAValue, tuple[SSAValue, SSAValue]] = {}  # value -> (local row, row iv)
         self.scalars: dict[SSAValue, SSAValue] = {}
+        self.segs: dict[tuple[SSAValue, str], tuple[SSAValue, SSAValue]] = {}  # see segments()
         for a, ka in zip(func.body.block.args, self.kblock.args, strict=True):
-            (self.scalars if ir.tensor_type(a).rank == 0 else self.buf)[a] = ka
+            (self.buf if isinstance(ka.type, s.BufType) else self.scalars)[a] = ka
         self.arg_name = dict(zip(func.body.block.args, names, strict=True))
 
     # ------------------------------------------------------------------ analysis
+    @staticmethod
+    def counted_by_segments(op: Operation) -> bool:
+        """A bincount read only at its own indices (``gather(bincount(i, R), i)``, as in
+        scale-by-frequency): each count is the length of that index's segment in the sorted
+        indices, so no R-sized table is built (the workspace grows with the indices, not R)."""
+        return isinstance(op, ir.BincountOp) and bool(op.result.uses) and all(
+            isinstance(u.operation, ir.GatherOp) and u.operation.table is op.result and u.operation.idx is op.idx
+            for u in op.result.uses)
+
+    def materialises(self, op: Operation | None) -> bool:
+        """``op``'s result lives in memory (see the module docstring)."""
+        return isinstance(op, MATERIALISED) and not self.counted_by_segments(op)
+
     def materialised(self) -> list[SSAValue]:
         need: dict[SSAValue, None] = {}
         for op in self.func.body.block.ops:
-            if isinstance(op, MATERIALISED):
+            if self.materialises(op):
                 need[op.results[0]] = None
             if isinstance(op, ir.MatmulOp):
                 for o in (op.lhs, op.rhs):
@@ -152,7 +197,7 @@ class _Lowering:
             if isinstance(op, ir.GatherOp):
                 rows = ir.tensor_type(op.table).shape[0]
             elif isinstance(op, ir.ScatterAddOp | ir.BincountOp):
-                rows = ir.tensor_type(op.result).shape[0]
+                rows = ir.tensor_type(op.result).shape[0]  # (a bincount counted by segments too)
             else:
                 continue
             lst = out.setdefault(op.idx, [])
@@ -177,7 +222,10 @@ class _Lowering:
             return b.scalar(s.LoadOp(local, list(idx[1:])), key=key)
         if v in self.buf:
             buf = self.buf[v]
-            if s.buf_type(buf).rank == 0:
+            bt = s.buf_type(buf)
+            if bt.rank == 0 and bt.role.data == "in":  # a rank-0 input: read once, up front
+                return b.scalar(s.LoadOp(buf, []), key=key)
+            if bt.rank == 0:
                 return b.scalar(s.LoadOp(buf, []), pinned=True)
             return b.scalar(s.LoadOp(buf, list(idx)), key=key)
         op = v.owner
@@ -207,6 +255,8 @@ class _Lowering:
             return self.emit(b, op.x, [idx[perm.index(i)] for i in range(len(perm))])
         if isinstance(op, ir.GatherOp):
             row = b.scalar(s.LoadOp(self.ibuf[op.idx], list(idx[:1])), key=("idx", op.idx, idx[0]))
+            if self.counted_by_segments(op.table.owner):  # type: ignore[arg-type]
+                return self._segment_length(b, op.table.owner, row)  # type: ignore[arg-type]
             return self.emit(b, op.table, [row, *idx[1:]])
         if isinstance(op, ir.UnpackBitsOp):
             return b.scalar(s.LoadBitOp(self.buf[op.packed], idx[0]))
@@ -247,7 +297,7 @@ class _Lowering:
         elif isinstance(op, ir.MatmulOp):
             self._matmul(op, dst)
         else:
-            ivs = b.loops(t.shape, "parallel")
+            ivs = b.loops(t.shape, "parallel", skip_if=b.empty(t.shape[1:]))
             owner = v.owner
             val = self._emit_op(b, owner, ivs) if isinstance(owner, Operation) \
                 else self.emit(b, v, ivs)
@@ -277,7 +327,7 @@ class _Lowering:
         src = ir.tensor_type(op.x)
         axes = op.axis_list
         keep = [d for i, d in enumerate(src.shape) if i not in axes]
-        outer = b.loops(keep, "parallel")
+        outer = b.loops(keep, "parallel", skip_if=b.empty(keep[1:]))
         acc_t = s.BufType.make([], src.dtype, "local")
         acc = s.AllocOp(acc_t, zero=op.kind.data == "sum")
         b.stmt(acc)
@@ -285,7 +335,8 @@ class _Lowering:
             inf = float("inf") if op.kind.data == "min" else float("-inf")
             init = b.scalar(ir.ConstantOp(inf, src.dtype), pinned=True)
             b.stmt(s.StoreOp(init, acc.result, []))
-        inner = b.loops([src.shape[a] for a in axes], "reduce", "r")
+        red = [src.shape[a] for a in axes]
+        inner = b.loops(red, "reduce", "r", skip_if=b.empty(red[1:]))
         full: list[SSAValue] = []
         it_o, it_i = iter(outer), iter(inner)
         for i in range(src.rank):
@@ -298,8 +349,8 @@ class _Lowering:
     def _scatter(self, b: _Builder, op: ir.ScatterAddOp, dst: SSAValue) -> None:
         rt = ir.tensor_type(op.result)
         rows = rt.shape[0]
-        (v,) = b.loops([rows], "parallel", "v")
         rest = list(rt.shape[1:])
+        (v,) = b.loops([rows], "parallel", "v", skip_if=b.empty(rest))
         row = s.AllocOp(s.BufType.make(rest, rt.dtype, "local"), zero=True)
         b.stmt(row)
         self.segment_sum(b, op, v, row.result)
@@ -307,20 +358,43 @@ class _Lowering:
         b.stmt(s.StoreOp(b.scalar(s.LoadOp(row.result, inner)), dst, [v, *inner]))
         b.close_n(len(inner) + 1)
 
+    def segments(self, b: _Builder, idx: SSAValue, rows: str) -> tuple[SSAValue, SSAValue]:
+        """(segment table, order) of index tensor ``idx`` sorted into ``rows`` segments: one
+        stable sort per index tensor, inserted at the top level before the nest being built."""
+        key = (idx, rows)
+        if key not in self.segs:
+            n = ir.tensor_type(idx).shape[0]
+            seg = s.AllocOp(s.BufType.make([f"segs({rows},{n})"], "i64", "temp"))
+            order = s.AllocOp(s.BufType.make([n], "i64", "temp"))
+            for pre in (seg, order):
+                b._insert(pre, 0)
+            b._insert(s.SegmentsOp(self.ibuf[idx], seg.result, order.result, b.dim(rows)), 0)
+            self.segs[key] = (seg.result, order.result)
+        return self.segs[key]
+
+    def _segment_bounds(self, b: _Builder, idx: SSAValue, rows: str, v: SSAValue) -> tuple[SSAValue, SSAValue]:
+        """[lo, hi) in ``order`` of the positions n with ``idx[n] == v``."""
+        seg, _ = self.segments(b, idx, rows)
+        r, n = b.dim(rows), b.dim(ir.tensor_type(idx).shape[0])
+        lo = b.scalar(s.SegmentStartOp(seg, v, r, n))
+        hi = b.scalar(s.SegmentStartOp(seg, b.scalar(ir.AddOp(v, b.const(1, "i64"))), r, n))
+        return lo, hi
+
+    def _segment_length(self, b: _Builder, op: ir.BincountOp, row: SSAValue) -> SSAValue:
+        """``bincount(idx, R)[row]`` as the length of ``row``'s segment."""
+        lo, hi = self._segment_bounds(b, op.idx, ir.tensor_type(op.result).shape[0], row)
+        count = b.scalar(ir.SubOp(hi, lo))
+        dt = ir.tensor_type(op.result).dtype
+        return count if dt == "i64" else b.scalar(ir.CastOp(count, dt))
+
     def segment_sum(self, b: _Builder, op: ir.ScatterAddOp, v: SSAValue, row: SSAValue) -> None:
         """``row += values[n]`` for every n with ``idx[n] == v``, in increasing n (owner-computes
-        over a stable counting sort, built once before the outermost loop)."""
+        over a stable sort of the indices, built once before the outermost loop)."""
         rows = ir.tensor_type(op.result).shape[0]
-        start = s.AllocOp(s.BufType.make([f"{rows}+1"], "i64", "temp"))
-        order = s.AllocOp(s.BufType.make([ir.tensor_type(op.idx).shape[0]], "i64", "temp"))
-        for pre in (start, order):
-            b._insert(pre, 0)
-        b._insert(s.SegmentsOp(self.ibuf[op.idx], start.result, order.result, b.dim(rows)), 0)
-        one = b.const(1, "i64")
-        lo = b.scalar(s.LoadOp(start.result, [v]))
-        hi = b.scalar(s.LoadOp(start.result, [b.scalar(ir.AddOp(v, one))]))
+        _, order = self.segments(b, op.idx, rows)
+        lo, hi = self._segment_bounds(b, op.idx, rows, v)
         seg = b.open(lo, hi, "serial", "s")
-        n = b.scalar(s.LoadOp(order.result, [seg]))
+        n = b.scalar(s.LoadOp(order, [seg]))
         inner = b.loops(list(ir.tensor_type(op.result).shape[1:]), "parallel", "d")
         b.stmt(s.AccumOp("sum", self.emit(b, op.values, [n, *inner]), row, inner))
         b.close_n(len(inner) + 1)
@@ -349,20 +423,78 @@ class _Lowering:
         self.kblock.add_op(s.MatmulOp(a, bb, dst, b.dim(m), b.dim(n), b.dim(k), ta, tb))
 
     # ------------------------------------------------------------------ driver
+    def _reads(self, v: SSAValue) -> tuple[bool, bool]:
+        """Whether ``v`` (through inlined ops) reads tensor data, and whether it reads a
+        materialised value (a reduction, scatter-add, bincount or matmul)."""
+        data = late = False
+        todo, seen = [v], set()
+        while todo:
+            x = todo.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if x in self.buf:
+                data = True
+            op = x.owner
+            if self.materialises(op):
+                data = late = True
+            elif isinstance(op, Operation):
+                todo.extend(op.operands)
+        return data, late
+
+    @staticmethod
+    def _gathers(v: SSAValue) -> bool:
+        """Whether ``v`` reads through a gather (so needs the range-checked indices)."""
+        todo, seen = [v], set()
+        while todo:
+            x = todo.pop()
+            if x in seen or not isinstance(x.owner, Operation):
+                continue
+            seen.add(x)
+            if isinstance(x.owner, ir.GatherOp):
+                return True
+            todo.extend(x.owner.operands)
+        return False
+
+    def late_checks(self) -> list[ir.CheckOp]:
+        """Checks whose condition reads a materialised value: run once those are computed (into
+        temporaries), before any output is written."""
+        return [op for op in self.func.body.block.ops if isinstance(op, ir.CheckOp) and self._reads(op.cond)[1]]
+
+    def lower_check(self, op: ir.CheckOp) -> None:
+        """Fail with the check's status unless every element of its condition holds."""
+        b = _Builder(self.kblock)
+        ivs = b.loops(ir.tensor_type(op.cond).shape, "serial", "c")
+        b.stmt(s.FailOp(self.emit(b, op.cond, ivs), op.status.data, op.message.data))
+        b.close_n(len(ivs))
+
     def prologue(self) -> None:
         """Everything that can fail, before any output is touched: the op's run-time checks on
-        scalars and sizes, mask lengths, then the range-checked copies of index tensors."""
+        scalars and sizes, mask lengths, the range-checked copies of index tensors, then checks
+        on tensor data (those reading materialised values come later, see late_checks)."""
         b = _Builder(self.kblock)
+        data_checks = []
         for op in self.func.body.block.ops:
             if isinstance(op, ir.CheckOp):
-                b.stmt(s.FailOp(self.emit(b, op.cond, []), op.status.data, op.message.data))
+                data, late = self._reads(op.cond)
+                if not data:
+                    b.stmt(s.FailOp(self.emit(b, op.cond, []), op.status.data, op.message.data))
+                elif not late:
+                    data_checks.append(op)
             if isinstance(op, ir.UnpackBitsOp):
                 self._mask_check(b, op)
+        gathers = [op for op in data_checks if self._gathers(op.cond)]
+        for op in data_checks:  # before the index checks, as the oracle (program order) has them
+            if op not in gathers:
+                self.lower_check(op)
         for v, rows in self.index_values().items():
             self.lower_index(v, rows)
+        for op in gathers:  # these read through range-checked indices
+            self.lower_check(op)
 
     def run(self) -> s.KernelOp:
         self.prologue()
+        late = self.late_checks()
         for v in self.materialised():
             ret_only = all(u.operation is self.ret for u in v.uses)
             direct = isinstance(v.owner, ir.ReduceOp | ir.ScatterAddOp) and ret_only \
@@ -370,6 +502,8 @@ class _Lowering:
             if direct:
                 continue  # computed straight into its output below
             self.lower_value(v, self.temp(v))
+        for op in late:
+            self.lower_check(op)
         outs = list(zip((n.data for n in self.ret.names.data), self.ret.values, strict=True))
         outs.sort(key=lambda nv: nv[0] in self.aliases)  # aliased outputs are written last
         names = [a.data for a in self.func.arg_names.data]
@@ -383,7 +517,8 @@ class _Lowering:
 
     def _copy(self, v: SSAValue, dst: SSAValue) -> None:
         b = _Builder(self.kblock)
-        ivs = b.loops(ir.tensor_type(v).shape, "parallel")
+        shape = ir.tensor_type(v).shape
+        ivs = b.loops(shape, "parallel", skip_if=b.empty(shape[1:]))
         b.stmt(s.StoreOp(self.emit(b, v, ivs), dst, ivs))
         b.close_n(len(ivs))
 

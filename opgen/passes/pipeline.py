@@ -37,6 +37,15 @@ PIPELINES: dict[str, list[ModulePass]] = {
 }
 
 
+class StageFailed(Exception):
+    """A pass of a target's pipeline raised: ``stage`` names the pass, ``__cause__`` is the error."""
+
+    def __init__(self, target: str, stage: str, cause: BaseException):
+        super().__init__(f"stage '{stage}' of pipeline '{target}': {type(cause).__name__}: {cause}")
+        self.target = target
+        self.stage = stage
+
+
 def context() -> Context:
     ctx = Context()
     ctx.load_dialect(Builtin)
@@ -63,8 +72,11 @@ def run(module: ModuleOp, target: str = "l0", until: str | None = None,
     if until == "traced":
         return module
     for p in PIPELINES[target]:
-        p.apply(ctx, module)
-        module.verify()
+        try:
+            p.apply(ctx, module)
+            module.verify()
+        except Exception as e:
+            raise StageFailed(target, p.name, e) from e
         if observe:
             observe(p.name, module)
         if p.name == until:

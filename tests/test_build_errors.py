@@ -1,0 +1,138 @@
+"""``opgen build`` with broken ops: every error names the op (or file), the target and the stage
+and says what to do; one op's or one target's failure does not stop the others from being
+generated and built; the command still exits 1 and lists what failed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from opgen import cli, registry, runtime
+from opgen.emit import cuda
+
+GOOD = '''
+from opgen.dsl import *
+(N,) = dims("N")
+
+
+@op
+def twice(x: Tensor[f32, N], *, y: Output[f32, N]):
+    """y = 2x"""
+    return {"y": x * 2.0}
+
+
+@op
+def thrice(x: Tensor[f32, N], *, y: Output[f32, N]):
+    """y = 3x (its CUDA generator is made to fail below)"""
+    return {"y": x * 3.0}
+'''
+
+BAD_TRACE = '''
+from opgen.dsl import *
+N, D = dims("N D")
+
+
+@op
+def wrong_shape(x: Tensor[f32, N, D], *, y: Output[f32, N]):
+    """returns the wrong shape"""
+    return {"y": x}
+'''
+
+BAD_IMPORT = '''
+from opgen.dsl import *
+(N,) = dims("N")
+
+
+@op
+def bad_signature(x: Tensor[f32, (N,)], *, y: Output[f32, N]):
+    return {"y": x}
+'''
+
+
+@pytest.fixture
+def broken_ops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "opgen_test_broken_ops"
+    d.mkdir()
+    (d / "good.py").write_text(GOOD)
+    (d / "bad_trace.py").write_text(BAD_TRACE)
+    (d / "bad_import.py").write_text(BAD_IMPORT)
+    monkeypatch.setenv("OPGEN_OPS_DIR", str(d))
+    registry.load_all.cache_clear()
+    real = cuda.op_source
+
+    def failing(o, fuse=True):  # an internal error of one target for one op
+        if o.name == "thrice":
+            raise KeyError("<OpResult[!sched.buf<[], f32, local>] ...>")
+        return real(o, fuse)
+
+    monkeypatch.setattr(cuda, "op_source", failing)
+    yield tmp_path
+    registry.load_all.cache_clear()
+
+
+def test_failures_are_isolated_named_and_listed(broken_ops: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = broken_ops / "gen"
+    rc = cli.main(["build", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "ops file" in err and "bad_import.py" in err and "target load, stage import" in err
+    assert "op 'wrong_shape'" in err and "target ir, stage trace" in err and "output 'y' has shape" in err
+    assert "op 'thrice'" in err and "target cuda, stage emit-cuda" in err and "KeyError" in err
+    assert "internal compiler error" in err and "--traceback" in err
+    assert "what to do: fix the op's definition" in err
+    assert "3 failure(s), everything else was generated and built" in err
+    # everything else was generated ...
+    assert (out / "cpu" / "twice.c").is_file() and (out / "cuda" / "twice.cu").is_file()
+    assert (out / "cpu" / "thrice.c").is_file() and not (out / "cuda" / "thrice.cu").exists()
+    assert not (out / "cpu" / "wrong_shape.c").exists()
+    assert "opgen_thrice(" in (out / "include" / "opgen.h").read_text()
+    assert "opgen_cuda_thrice(" not in (out / "include" / "opgen_cuda.h").read_text()
+    assert "opgen_cuda_twice(" in (out / "include" / "opgen_cuda.h").read_text()
+    # ... and built: both good ops run
+    lib = runtime.load(str(broken_ops / "gen.build" / "cpu" / "libopgen.so"))
+    x = np.arange(5, dtype=np.float32)
+    assert np.array_equal(runtime.call("twice", lib=lib, x=x)["y"], 2 * x)
+    assert np.array_equal(runtime.call("thrice", lib=lib, x=x)["y"], 3 * x)
+    # a failed build leaves no up-to-date stamp: the next build reports the failures again
+    assert cli.main(["build", "--out", str(out), "-q", "--no-compile"]) == 1
+    assert "3 failure(s)" in capsys.readouterr().err
+
+
+def test_traceback_flag(broken_ops: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["build", "--out", str(broken_ops / "gen"), "-q", "--no-compile", "--traceback"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "in failing" in err
+    assert cli.main(["build", "--out", str(broken_ops / "gen"), "-q", "--no-compile"]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_check_reports_failures_too(broken_ops: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = broken_ops / "gen"
+    cli.main(["build", "--out", str(out), "-q", "--no-compile"])
+    capsys.readouterr()
+    assert cli.main(["build", "--check", "--out", str(out), "-q"]) == 1
+    assert "op 'thrice'" in capsys.readouterr().err
+
+
+def test_show_names_the_op_and_the_stage(broken_ops: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from opgen.lower import to_loops
+
+    def broken(*a: object, **k: object) -> None:
+        raise RuntimeError("lowering exploded")
+
+    monkeypatch.setattr(to_loops, "lower_func", broken)
+    assert cli.main(["show", "twice", "--target", "cpu", "--ir"]) == 2
+    err = capsys.readouterr().err
+    assert "op 'twice'" in err and "stage 'lower-to-loops' of pipeline 'cpu'" in err and "lowering exploded" in err
+
+
+def test_out_dir_builds_never_touch_the_repository_build(broken_ops: Path) -> None:
+    """--out compiles beside the output directory (OUT.build), not into <repo>/build."""
+    repo_lib = registry.REPO_ROOT / "build" / "cpu" / "libopgen.so"
+    before = repo_lib.stat().st_mtime_ns if repo_lib.exists() else None
+    cli.main(["build", "--out", str(broken_ops / "other"), "-q"])
+    assert (broken_ops / "other.build" / "cpu" / "libopgen.so").is_file()
+    assert (repo_lib.stat().st_mtime_ns if repo_lib.exists() else None) == before

@@ -1,0 +1,334 @@
+"""Ops written only in an ops directory — the way a user authors them — compiled by ``opgen build``
+into a CPU library (and CUDA: nvcc and the CPU model of CUDA) and run against the oracle, which
+is itself checked against PyTorch. Covers what outside testing found broken:
+
+* rank-0 tensor inputs (``Tensor[f32]``, ``Tensor[T]`` of every dtype; before: read as 0, or
+  ``opgen: error: T``), rank-0 outputs, and full reductions used later (``x / sum(x)``,
+  ``cast(sum(valid), f32)``; before: the CUDA generator crashed and stopped the whole build);
+* DSL names that are C/C++ keywords, macros or the printers' own locals (``a``, ``l``, ``dims``,
+  ``sc``, ``ws``, ``int``, ``new``, ``NULL``, ``exp``, ``size``, ``workspace``...);
+* checks on tensor data (``check(t >= 0, ..., status="index")``, and on a reduction).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from opgen import build, oracle, registry, runtime
+from opgen import compile as cc
+from opgen.binding import OpError
+from tests.cuda_emu import emu_build, emu_worker
+from tests.reference import NP, assert_close_policy, assert_f64_close, rounded, t64
+
+RANK0 = '''
+"""Rank-0 tensors in and out."""
+from opgen.dsl import *
+
+N, D = dims("N D")
+T = dtype_var("T", f16, bf16, f32, f64)
+I = dtype_var("I", i8, i16, i32, i64, u8, u16, u32, u64)
+
+
+@op
+def scale_by(g: Tensor[T], x: Tensor[T, N, D], *, dx: Output[T, N, D]):
+    """dx = g * x (a rank-0 tensor of a dtype variable)."""
+    return {"dx": g * x}
+
+
+@op
+def shift_by(off: Tensor[I], idx: Tensor[I, N], flag: Tensor[boolean], *, out: Output[I, N]):
+    """out = idx + off where flag, else idx (rank-0 integer and bool tensors)."""
+    return {"out": where(flag, idx + off, idx)}
+
+
+@op
+def ce_backward(grad_loss: Tensor[f32], logits: Tensor[f32, N, D], target: Tensor[i64, N], *,
+                dlogits: Output[f32, N, D]):
+    """Mean cross-entropy backward: grad_loss * (softmax(logits) - onehot(target)) / N."""
+    m = max(logits, axis=1, keepdims=True)
+    e = exp(logits - m)
+    p = e / sum(e, axis=1, keepdims=True)
+    onehot = where(iota((N, D), axis=1) == target[:, None], 1.0, 0.0)
+    return {"dlogits": grad_loss * (p - onehot) / cast(size(N), f32)}
+
+
+@op
+def total(x: Tensor[f32, N, D], *, s: Output[f32]):
+    """s = sum(x): a rank-0 output."""
+    return {"s": sum(x)}
+
+
+@op
+def normalize(x: Tensor[f32, N, D], *, y: Output[f32, N, D]):
+    """y = x / sum(x): a full reduction used by a later loop."""
+    return {"y": x / sum(x)}
+
+
+@op
+def masked_mean_backward(g: Tensor[f32], valid: Tensor[boolean, N], *, dx: Output[f32, N]):
+    """d/dx of mean(x[valid]) * g: g / count(valid) on valid elements, 0 elsewhere."""
+    return {"dx": where(valid, g / cast(sum(valid), f32), 0.0)}
+'''
+
+NAMES = '''
+"""Parameter and dim names that are C/C++ keywords, macros, library functions or the printers'
+own identifiers."""
+from opgen.dsl import *
+
+N, klass = dims("N class")
+
+
+@op
+def new(a: Tensor[f32, N, klass], l: Tensor[f32, N, klass], dims: Tensor[f32, N, klass],
+        int: Tensor[f32, N, klass], NULL: Tensor[f32, klass], exp: float = 2.0, size: int = 1,
+        ws: bool = True, *, sc: Output[f32, N, klass], workspace: Output[f32, klass]):
+    """Sums of everything, named as badly as possible."""
+    bufs = a * l + dims * int + NULL[None, :] * exp
+    off = where(ws, bufs, a) * cast(size, f32)
+    return {"sc": off, "workspace": sum(off, axis=0)}
+
+
+@op
+def collide(x: Tensor[f32, N], d_N: Tensor[f32, N], st_x_0: float = 1.0, errno: float = 0.5,
+            expf: Tensor[f32, N] | None = None, *, out: Output[f32, N]):
+    """Names equal to the printers' dim, stride and helper-function spellings."""
+    y = x * st_x_0 + d_N * errno
+    return {"out": y if expf is None else y + expf}
+'''
+
+CHECKS = '''
+"""Checks on tensor data."""
+from opgen.dsl import *
+
+N, V = dims("N V")
+
+
+@op
+def take_rows(table: Tensor[f32, V], t: Tensor[i32, N], skip: Tensor[boolean, N], *, out: Output[f32, N]):
+    """out = table[t] where not skip; t must be in [0, V) where not skip (index status)."""
+    ti = cast(t, i64)
+    check(skip | ((ti >= 0) & (ti < size(V))), "t out of [0, V)", status="index")
+    safe = where(skip, 0, ti)
+    return {"out": where(skip, 0.0, gather(table, safe))}
+
+
+@op
+def normalize_positive(x: Tensor[f32, N], *, y: Output[f32, N]):
+    """y = x / sum(x); the sum must be positive (a check on a reduction)."""
+    s = sum(x)
+    check(s > 0.0, "sum(x) must be positive")
+    return {"y": x / s}
+'''
+
+SOURCES = {"rank0_ops.py": RANK0, "names_ops.py": NAMES, "checks_ops.py": CHECKS}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    """The ops above built by ``opgen build`` (CPU library) from their own ops directory."""
+    root = tmp_path_factory.mktemp("newops")
+    ops = root / "opgen_test_newops"
+    ops.mkdir()
+    for name, text in SOURCES.items():
+        (ops / name).write_text(text)
+    saved = os.environ.get("OPGEN_OPS_DIR")
+    os.environ["OPGEN_OPS_DIR"] = str(ops)
+    registry.load_all.cache_clear()
+    try:
+        out = root / "generated"
+        assert build.main(out=str(out), verbose=False) == 0
+        lib = runtime.load(str(root / "generated.build" / "cpu" / "libopgen.so"))
+        yield {"lib": lib, "out": out, "ops": registry.load_all(), "root": root}
+    finally:
+        if saved is None:
+            os.environ.pop("OPGEN_OPS_DIR", None)
+        else:
+            os.environ["OPGEN_OPS_DIR"] = saved
+        registry.load_all.cache_clear()
+
+
+def run_both(built: dict, name: str, **args: object) -> tuple[dict, dict]:
+    """(compiled CPU result, oracle result) of one call."""
+    o = built["ops"][name]  # type: ignore[index]
+    ref = oracle.run(o, **{k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in args.items()})
+    got = runtime.call(name, lib=built["lib"], **args)  # type: ignore[arg-type]
+    return got, ref
+
+
+# ---------------------------------------------------------------------- rank-0 tensors
+
+@pytest.mark.parametrize("T", ["f16", "bf16", "f32", "f64"])
+def test_rank0_tensor_of_a_dtype_variable(built, rng, T):
+    x = rounded(rng.standard_normal((5, 7)), T)
+    g = rounded(-2.75, T)
+    got, ref = run_both(built, "scale_by", g=g, x=x)
+    assert np.array_equal(got["dx"], ref["dx"]), "the rank-0 input must be read, not taken as 0"
+    assert np.array_equal(ref["dx"].astype(np.float64), (t64(g) * t64(x)).to(torch.float64).numpy()
+                          .astype(NP[T]).astype(np.float64))
+
+
+@pytest.mark.parametrize("I", ["i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"])
+@pytest.mark.parametrize("flag", [True, False])
+def test_rank0_integer_and_bool_tensors(built, rng, I, flag):  # noqa: E741
+    idx = rng.integers(0, 100, 9).astype(NP[I])
+    off = np.asarray(3, NP[I])
+    got, ref = run_both(built, "shift_by", off=off, idx=idx, flag=np.asarray(flag))
+    assert np.array_equal(got["out"], ref["out"])
+    assert np.array_equal(ref["out"], idx + off if flag else idx)
+
+
+def test_cross_entropy_backward_with_a_rank0_grad(built, rng):
+    """The outside report: grad_loss read as 0 gave all-zero gradients."""
+    logits = rounded(rng.standard_normal((6, 11)) * 3, "f32")
+    target = rng.integers(0, 11, 6)
+    g = np.asarray(1.75, np.float32)
+    got, ref = run_both(built, "ce_backward", grad_loss=g, logits=logits, target=target)
+    lt = t64(logits, requires_grad=True)
+    (torch.nn.functional.cross_entropy(lt, torch.tensor(target)) * 1.75).backward()
+    assert np.abs(got["dlogits"]).max() > 0.01
+    assert_close_policy(got["dlogits"], lt.grad, ref["dlogits"], "f32", "dlogits (compiled)")
+    exact = oracle.run(built["ops"]["ce_backward"], precision="f64", grad_loss=g, logits=logits, target=target)
+    assert_f64_close(exact["dlogits"], lt.grad, "dlogits (oracle f64)")
+
+
+def test_rank0_output_and_reductions_used_later(built, rng):
+    x = rounded(rng.random((9, 13)) + 0.5, "f32")
+    got, ref = run_both(built, "total", x=x)
+    assert got["s"].shape == () and abs(float(got["s"]) - float(t64(x).sum())) < 1e-4
+    got, ref = run_both(built, "normalize", x=x)
+    assert_close_policy(got["y"], (t64(x) / t64(x).sum()).numpy(), ref["y"], "f32", "x / sum(x)")
+    valid = rng.random(10) < 0.5
+    valid[0] = True
+    got, ref = run_both(built, "masked_mean_backward", g=np.asarray(3.0, np.float32), valid=valid)
+    want = np.where(valid, 3.0 / valid.sum(), 0.0)
+    assert_close_policy(got["dx"], want, ref["dx"], "f32", "masked mean backward")
+
+
+# ---------------------------------------------------------------------- names
+
+def test_names_that_collide_with_c(built, rng):
+    a, el, dm, it = (rounded(rng.standard_normal((4, 6)), "f32") for _ in range(4))
+    null = rounded(rng.standard_normal(6), "f32")
+    got, ref = run_both(built, "new", a=a, l=el, dims=dm, int=it, NULL=null, exp=1.5, size=3, ws=False)
+    want = a * 3.0
+    assert np.array_equal(ref["sc"], want)
+    assert np.allclose(got["sc"], ref["sc"]) and np.allclose(got["workspace"], ref["workspace"], atol=1e-5)
+    got, ref = run_both(built, "new", a=a, l=el, dims=dm, int=it, NULL=null)
+    assert np.allclose(got["sc"], ref["sc"], atol=1e-6)
+    x, dn, e = (rounded(rng.standard_normal(5), "f32") for _ in range(3))
+    for extra in ({}, {"expf": e}):
+        got, ref = run_both(built, "collide", x=x, d_N=dn, st_x_0=2.0, errno=0.25, **extra)
+        assert np.allclose(got["out"], ref["out"], atol=1e-6)
+
+
+def test_public_header_renames_reserved_parameter_names(built):
+    header = (built["out"] / "include" / "opgen.h").read_text()
+    assert "const opgen_tensor_t *int_," in header and "const opgen_tensor_t *NULL_," in header
+    assert "int64_t size_," in header and "const opgen_tensor_t *workspace_," in header
+    assert "const opgen_tensor_t *a," in header  # ordinary names stay as written
+
+
+def test_headers_compile_as_c_and_cxx(built, tmp_path):
+    inc = built["out"] / "include"
+    src = tmp_path / "use.c"
+    src.write_text('#include "opgen.h"\nint main(void) { return (int)sizeof(&opgen_new); }\n')
+    for tool, std in ((cc.compiler(), "-std=c11"), ("g++", "-std=c++17")):
+        lang = ["-x", "c++"] if tool == "g++" else []
+        r = subprocess.run([tool, std, *lang, "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{inc}", str(src)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+
+
+# ---------------------------------------------------------------------- checks on data
+
+def test_check_on_tensor_data(built, rng):
+    table = rounded(rng.standard_normal(8), "f32")
+    t = np.array([0, 7, 3, 99, -5], np.int32)
+    skip = np.array([False, False, False, True, True])
+    got, ref = run_both(built, "take_rows", table=table, t=t, skip=skip)
+    assert np.array_equal(got["out"], ref["out"])
+    assert np.array_equal(ref["out"], np.where(skip, 0.0, table[np.where(skip, 0, t)]).astype(np.float32))
+    skip[3] = False
+    out = np.full(5, 9.0, np.float32)
+    for run in (lambda: oracle.run(built["ops"]["take_rows"], table=table, t=t, skip=skip),
+                lambda: runtime.call("take_rows", lib=built["lib"], table=table, t=t, skip=skip, out=out)):
+        with pytest.raises(OpError) as e:
+            run()
+        assert e.value.status == "index" and "t out of [0, V)" in e.value.message
+    assert (out == 9.0).all(), "a failed check must write nothing"
+
+
+def test_check_on_a_reduction(built, rng):
+    x = rounded(rng.random(6) + 0.1, "f32")
+    got, ref = run_both(built, "normalize_positive", x=x)
+    assert np.allclose(got["y"], x / x.sum(dtype=np.float64), rtol=1e-6)
+    assert np.allclose(ref["y"], x / x.sum(dtype=np.float64), rtol=1e-6)
+    y = np.full(6, 5.0, np.float32)
+    for run in (lambda: oracle.run(built["ops"]["normalize_positive"], x=-x),
+                lambda: runtime.call("normalize_positive", lib=built["lib"], x=-x, y=y)):
+        with pytest.raises(OpError) as e:
+            run()
+        assert e.value.status == "param" and "must be positive" in e.value.message
+    assert (y == 5.0).all()
+
+
+# ---------------------------------------------------------------------- CUDA
+
+NVCC = cc.nvcc()
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found: the CUDA compile check needs the CUDA toolkit")
+def test_cuda_sources_compile_with_nvcc(built):
+    """Every new op's .cu compiles for sm_80 and sm_90 with warnings as errors."""
+    out = built["out"]
+    lib = cc.build_cuda_library(out / "cuda", out / "include", built["root"] / "cuda-build", verbose=False)
+    names = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
+    for op in ("scale_by", "normalize", "masked_mean_backward", "new", "take_rows"):
+        assert f"opgen_cuda_{op}" in names
+
+
+@pytest.mark.skipif(emu_build.cxx() is None, reason="no g++ for the CPU model of CUDA")
+def test_cuda_kernels_on_the_cpu_model(built, rng):
+    """The CUDA kernels of the new ops, executed on tests/cuda_emu, against the oracle."""
+    out: Path = built["out"]
+    sources = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()}
+    lib = emu_worker.load(emu_build.build(sources, built["root"] / "emu"))
+    x = rounded(rng.standard_normal((5, 7)), "bf16")
+    g = rounded(0.5, "bf16")
+    ref = oracle.run(built["ops"]["scale_by"], g=g, x=x)
+    assert np.array_equal(runtime.call("scale_by", lib=lib, g=g, x=x)["dx"], ref["dx"])
+    xp = rounded(rng.random((33, 70)) + 0.5, "f32")
+    got = runtime.call("normalize", lib=lib, x=xp)["y"]
+    assert np.allclose(got, oracle.run(built["ops"]["normalize"], x=xp)["y"], rtol=1e-5)
+    valid = rng.random(300) < 0.3
+    got = runtime.call("masked_mean_backward", lib=lib, g=np.asarray(2.0, np.float32), valid=valid)["dx"]
+    assert np.allclose(got, np.where(valid, 2.0 / valid.sum(), 0.0), rtol=1e-6)
+    table = rounded(rng.standard_normal(8), "f32")
+    t = np.array([0, 7, 3, 99], np.int32)
+    out_arr = np.full(4, 9.0, np.float32)
+    status = lib.lib.opgen_cuda_device_status
+    status.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    assert status(None, 1) == 0
+    # checks on device data are asynchronous on CUDA: recorded in the device status, nothing written
+    runtime.call("take_rows", lib=lib, table=table, t=t, skip=np.zeros(4, bool), out=out_arr)
+    assert status(None, 1) == 6 and (out_arr == 9.0).all()  # OPGEN_ERR_INDEX
+    xp = rounded(rng.random(40) + 0.5, "f32")
+    y = np.full(40, 5.0, np.float32)
+    runtime.call("normalize_positive", lib=lib, x=-xp, y=y)
+    assert status(None, 1) == 2 and (y == 5.0).all()  # OPGEN_ERR_PARAM: the check on a reduction
+    got = runtime.call("normalize_positive", lib=lib, x=xp)["y"]
+    assert status(None, 1) == 0 and np.allclose(got, xp / xp.sum(dtype=np.float64), rtol=1e-5)
+    a = [rounded(rng.standard_normal((4, 6)), "f32") for _ in range(4)]
+    null = rounded(rng.standard_normal(6), "f32")
+    args = {"a": a[0], "l": a[1], "dims": a[2], "int": a[3], "NULL": null}
+    got = runtime.call("new", lib=lib, **args)
+    ref = oracle.run(built["ops"]["new"], **args)
+    assert np.allclose(got["sc"], ref["sc"], atol=1e-6) and np.allclose(got["workspace"], ref["workspace"], atol=1e-5)
