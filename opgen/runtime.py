@@ -134,11 +134,15 @@ def marshal(sig: Any, args: dict[str, Any], tensor_arg: Any,
 
 def check_names(o: Any, args: dict[str, Any]) -> None:
     """:class:`OpError` ``param`` for argument names ``o``'s signature does not have (a misspelt
-    attribute would otherwise silently take its default)."""
+    attribute would otherwise silently take its default); ``null`` for a size parameter not
+    given (as the binding says, rather than the library's "must be >= 0" for its -1 sentinel)."""
     known = [p.name for p in o.signature.params]
     unknown = sorted(set(args) - set(known))
     if unknown:
         raise OpError("param", f"{o.name}: unknown argument(s) {unknown}; parameters: {', '.join(known)}")
+    for p in o.signature.sizes:
+        if args.get(p.name) is None:
+            raise OpError("null", f"{o.name}: size '{p.name}' is required")
 
 
 def bump_versions(objs: Any) -> None:
