@@ -300,7 +300,10 @@ def _python_scalar(v: Any, what: str) -> Any:
         return v.item()
     if isinstance(v, np.ndarray) or _is_torch(v):
         if getattr(v, "ndim", None) == 0:
-            return v.item()
+            try:
+                return v.item()
+            except (RuntimeError, TypeError, ValueError) as e:  # e.g. a meta tensor
+                raise OpError("param", f"{what}: cannot read the scalar ({e})") from None
         raise OpError("param", f"{what} must be a scalar, got {type(v).__name__} of shape "
                                f"{tuple(getattr(v, 'shape', ()))}")
     return v

@@ -108,11 +108,22 @@ def test_read_only_output_is_refused_and_nothing_written(rng, op, how):
         assert buf == buf_before, "the immutable bytes changed"
 
 
+#: larger calls (several threads, sorted/segmented scatter paths, FLCE's memory-saving tiles)
+BUILD_LARGE = {
+    EB: lambda r: eb_args(r, "bf16", "i64", N=3000, D=40, N1=50, N2=30),
+    EDB: lambda r: edb_args(r, "f32", "f32", lead=(40, 60), D=33, V=70, padding_idx=5),
+    EBW: lambda r: ebw_args(r, "u32", "f32", "bf16", N=2500, D=24, V=40),
+    RMS: lambda r: rms_args(r, "bf16", (4, 50, 64)),
+    FLCE: lambda r: flce_args(r, "bf16", "bool", "i64", "memory_saving", BT=40, H=24, V=200),
+}
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
 @pytest.mark.parametrize("op", list(BUILD))
-def test_read_only_inputs_are_read_not_written(rng, op):
+def test_read_only_inputs_are_read_not_written(rng, op, size):
     """Every input as a read-only view of immutable ``bytes``: accepted, the oracle's results, and
     the bytes byte-identical afterwards (the library only reads inputs)."""
-    args = BUILD[op](rng)
+    args = (BUILD if size == "small" else BUILD_LARGE)[op](rng)
     ref = oracle_outputs(op, args)
     outs = {p.name for p in registry.get(op).signature.outputs}
     bufs = {}
