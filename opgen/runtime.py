@@ -132,7 +132,7 @@ def marshal(sig: Any, args: dict[str, Any], tensor_arg: Any,
     return cargs, outs, keep
 
 
-def check_names(o: Any, args: dict[str, Any]) -> None:
+def check_args(o: Any, args: dict[str, Any]) -> None:
     """:class:`OpError` ``param`` for argument names ``o``'s signature does not have (a misspelt
     attribute would otherwise silently take its default); ``null`` for a size parameter not
     given (as the binding says, rather than the library's "must be >= 0" for its -1 sentinel)."""
@@ -163,7 +163,7 @@ def call(op_name: str, lib: ctypes.CDLL | None = None, workspace: bool = True, *
     lib = lib or load()
     sig = o.signature
     args = {k: v for k, v in args.items() if v is not None}
-    check_names(o, args)
+    check_args(o, args)
     missing = [p.name for p in sig.outputs if p.name not in args and not p.optional]
     if missing:  # allocate outputs the way the oracle does (validating the call in Python)
         b = bind(o, args)

@@ -25,7 +25,7 @@ import numpy as np
 
 from opgen import dtypes, registry
 from opgen.binding import OpError, bind, check_writable_torch, dtype_of, to_numpy
-from opgen.runtime import STATUS, TensorDesc, bump_versions, check_names, marshal
+from opgen.runtime import STATUS, TensorDesc, bump_versions, check_args, marshal
 
 TORCH_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i8": "int8",
                "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16",
@@ -108,7 +108,7 @@ def call(op_name: str, lib: ctypes.CDLL | None = None, stream: int | None = None
     lib = lib or load()
     sig = o.signature
     args = {k: v for k, v in args.items() if v is not None}
-    check_names(o, args)
+    check_args(o, args)
     missing = [p.name for p in sig.outputs if p.name not in args and not p.optional]
     if missing:  # shapes from the binding (on host copies)
         host = {k: (to_host(v) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
