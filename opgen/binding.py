@@ -7,6 +7,9 @@ each ABI maps to its own code: ``null``, ``param``, ``shape``, ``dtype``, ``stri
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,18 +33,114 @@ class OpError(Exception):
         self.message = message
 
 
-def to_numpy(x: Any) -> np.ndarray:
-    """numpy view of an array-like (torch CPU tensors included, bf16 via ml_dtypes)."""
+#: the range of an ``int`` attribute (i64 at the ABI; [2**63, 2**64) is an unsigned 64-bit value
+#: passed as its int64 bit pattern, e.g. CANN's ``uint64_t paddingIdx``)
+INT_ATTR_RANGE = (-2**63, 2**64)
+#: the range of a size parameter (a ``Dim``)
+SIZE_RANGE = (0, 2**63)
+#: what an int64 ABI slot can carry
+I64_RANGE = (-2**63, 2**63)
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _pow2(v: int) -> str:
+    """``-2**63`` / ``2**64`` for powers of two, else the number."""
+    m = abs(v)
+    if m >= 1024 and m & (m - 1) == 0:
+        return f"{'-' if v < 0 else ''}2**{m.bit_length() - 1}"
+    return str(v)
+
+
+def dtype_of(arr: np.ndarray, what: str) -> dtypes.DType:
+    """The opgen dtype of ``arr``; :class:`OpError` ``dtype`` for anything the C library cannot
+    take (complex, object, strings, structured, non-native byte order)."""
+    try:
+        return dtypes.from_numpy(arr.dtype)
+    except KeyError:
+        pass
+    hint = ""
+    if arr.dtype.byteorder not in ("=", "|") and not arr.dtype.isnative:
+        hint = (" (non-native byte order: the library reads native-endian data; convert with "
+                "arr.astype(arr.dtype.newbyteorder('=')))")
+    raise OpError("dtype", f"{what}: unsupported dtype {arr.dtype.str if hint else arr.dtype}{hint}; "
+                           f"supported: {', '.join(d.name for d in dtypes.ALL)} in native byte order")
+
+
+def to_numpy(x: Any, what: str = "argument") -> np.ndarray:
+    """numpy view of an array-like (torch CPU tensors included, bf16 via ml_dtypes).
+
+    A torch tensor is detached (requires_grad is fine for reading); one with the conjugate or
+    negative bit set is resolved into a copy. Tensors on another device, sparse tensors and torch
+    dtypes numpy has no equivalent for raise :class:`OpError` (``what`` names the argument).
+    """
     if isinstance(x, np.ndarray):
         return x
-    mod = type(x).__module__
-    if mod.startswith("torch"):
+    if _is_torch(x):
         import torch
 
+        if not isinstance(x, torch.Tensor):
+            raise OpError("param", f"{what}: expected a tensor, got {type(x).__name__}")
+        if x.device.type != "cpu":
+            raise OpError("param", f"{what}: a torch tensor on {x.device}; the CPU runtime takes CPU "
+                                   f"tensors (use .cpu(), or opgen.runtime_cuda for CUDA tensors)")
+        if x.layout != torch.strided:
+            raise OpError("param", f"{what}: a {x.layout} torch tensor; only dense (strided) tensors "
+                                   f"are accepted")
+        x = x.detach()
+        if x.is_conj() or x.is_neg():
+            x = x.resolve_conj().resolve_neg()  # a lazy view: materialise its values
         if x.dtype == torch.bfloat16:
-            return x.detach().view(torch.int16).numpy().view(dtypes.BF16.np_dtype)
-        return x.detach().numpy()
-    return np.asarray(x)
+            return x.view(torch.int16).numpy().view(dtypes.BF16.np_dtype)
+        try:
+            return x.numpy()
+        except (TypeError, RuntimeError) as e:
+            raise OpError("dtype", f"{what}: unsupported torch dtype {x.dtype} ({e})") from None
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise OpError("param", f"{what}: not an array ({type(x).__name__}: {e})") from None
+
+
+def check_writable_torch(x: Any, what: str) -> None:
+    """Refuse a torch tensor the runtime must not write in place, as torch's own in-place and
+    ``out=`` rules do: one that requires grad while grad mode is on, an inference tensor outside
+    inference mode, a lazy conjugate/negative view."""
+    import torch
+
+    if x.requires_grad and torch.is_grad_enabled():
+        raise OpError("param", f"{what}: a torch tensor that requires grad cannot be written in place "
+                               f"(autograd would not see it); pass a detached tensor or call under "
+                               f"torch.no_grad()")
+    if x.is_inference() and not torch.is_inference_mode_enabled():
+        raise OpError("param", f"{what}: an inference tensor can only be written inside "
+                               f"torch.inference_mode(); pass a normal tensor (e.g. .clone())")
+    if x.is_conj() or x.is_neg():
+        raise OpError("param", f"{what}: a tensor with the conjugate/negative bit set cannot be "
+                               f"written in place; resolve it first")
+
+
+def output_array(x: Any, what: str = "output") -> np.ndarray:
+    """The numpy view the library writes an output into, refusing (:class:`OpError` ``param``,
+    before anything runs) what cannot be written in place: anything that is not a numpy array or
+    torch tensor (``np.asarray`` would write into a copy), a read-only numpy array (e.g.
+    ``np.frombuffer`` over ``bytes``, ``np.broadcast_to``, ``writeable=False``), and the torch
+    tensors :func:`check_writable_torch` refuses."""
+    if _is_torch(x):
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            check_writable_torch(x, what)
+    elif not isinstance(x, np.ndarray):
+        raise OpError("param", f"{what}: an output must be a numpy array or a torch tensor (it is "
+                               f"written in place), got {type(x).__name__}")
+    arr = to_numpy(x, what)
+    if not arr.flags.writeable:
+        raise OpError("param", f"{what}: the output is read-only (writeable=False: e.g. a view of "
+                               f"immutable bytes or a broadcast); pass a writeable array")
+    return arr
 
 
 @dataclass
@@ -78,10 +177,7 @@ def _bind_dim(b: Binding, pname: str, name: str, size: int) -> None:
 
 
 def _bind_tensor(b: Binding, pname: str, spec: TensorSpec, arr: np.ndarray) -> np.ndarray:
-    try:
-        got = dtypes.from_numpy(arr.dtype)
-    except KeyError:
-        raise OpError("dtype", f"{pname}: unsupported dtype {arr.dtype}") from None
+    got = dtype_of(arr, pname)
     _bind_dtype(b, pname, spec.dtype, got)
     shape = arr.shape
     lead = spec.shape[0] if spec.shape else None
@@ -137,8 +233,11 @@ def bind(op: OpDef, args: dict[str, Any]) -> Binding:
                 elif not p.optional:
                     raise OpError("null", f"{op.name}: required tensor '{p.name}' is missing")
                 continue
-            arr = to_numpy(v)
-            logical = _bind_tensor(b, p.name, p.spec, arr)
+            arr = to_numpy(v, f"{op.name}: '{p.name}'")
+            try:
+                logical = _bind_tensor(b, p.name, p.spec, arr)
+            except OpError as e:
+                raise OpError(e.status, f"{op.name}: {e.message}") from None
             b.arrays[p.name] = logical
             if p.is_output:
                 b.outputs[p.name] = arr
@@ -147,14 +246,13 @@ def bind(op: OpDef, args: dict[str, Any]) -> Binding:
                 if not p.spec.has_default:
                     raise OpError("null", f"{op.name}: attribute '{p.name}' is required")
                 v = p.spec.default
-            b.scalars[p.name] = _attr_value(p.spec, p.name, v)
+            b.scalars[p.name] = attr_value(p.spec, v, f"{op.name}: attribute '{p.name}'")
         elif isinstance(p.spec, SizeSpec):
             if v is None:
                 raise OpError("null", f"{op.name}: size '{p.name}' is required")
-            if int(v) < 0:
-                raise OpError("param", f"{op.name}: size '{p.name}' must be >= 0")
-            _bind_dim(b, p.name, p.spec.dim.name, int(v))
-            b.scalars[p.name] = int(v)
+            n = int_value(v, f"{op.name}: size '{p.name}'", SIZE_RANGE)
+            _bind_dim(b, p.name, p.spec.dim.name, n)
+            b.scalars[p.name] = n
     for p in pending_outputs:  # allocate outputs whose shape is fully bound by the inputs
         spec = p.spec
         assert isinstance(spec, TensorSpec)
@@ -173,7 +271,7 @@ def bind(op: OpDef, args: dict[str, Any]) -> Binding:
             raise OpError("null", f"{op.name}: output '{p.name}' must be given (its shape is "
                                   f"not bound by the inputs)")
         dt = spec.dtype if isinstance(spec.dtype, dtypes.DType) else b.dtypes[spec.dtype.name]
-        arr = np.zeros(shape, dt.np_dtype)
+        arr = _allocate(f"{op.name}: output '{p.name}'", shape, dt)
         b.outputs[p.name] = arr
         b.arrays[p.name] = _bind_tensor(b, p.name, spec, arr)
     used = {ir_t.dtype for ir_t in (a.type for a in variant.body.block.args)}  # type: ignore[attr-defined]
@@ -183,14 +281,110 @@ def bind(op: OpDef, args: dict[str, Any]) -> Binding:
     return b
 
 
-def _attr_value(spec: AttrSpec, name: str, v: Any) -> float | int | bool:
-    if spec.dtype == dtypes.BOOL:
+def _allocate(what: str, shape: list[int], dt: dtypes.DType) -> np.ndarray:
+    """A zero-filled output; too large to address is ``shape``, no memory for it ``alloc``."""
+    nbytes = math.prod(shape) * dt.itemsize
+    if nbytes >= 2**63:
+        raise OpError("shape", f"{what}: shape {tuple(shape)} {dt} is too large to allocate "
+                               f"({nbytes} bytes, more than 2**63 - 1)")
+    try:
+        return np.zeros(shape, dt.np_dtype)
+    except (MemoryError, ValueError) as e:
+        raise OpError("alloc", f"{what}: cannot allocate shape {tuple(shape)} {dt} "
+                               f"({nbytes} bytes): {e}") from None
+
+
+def _python_scalar(v: Any, what: str) -> Any:
+    """``v`` with numpy scalars, 0-d numpy arrays and 0-d torch tensors unwrapped."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray) or _is_torch(v):
+        if getattr(v, "ndim", None) == 0:
+            try:
+                return v.item()
+            except (RuntimeError, TypeError, ValueError) as e:  # e.g. a meta tensor
+                raise OpError("param", f"{what}: cannot read the scalar ({e})") from None
+        raise OpError("param", f"{what} must be a scalar, got {type(v).__name__} of shape "
+                               f"{tuple(getattr(v, 'shape', ()))}")
+    return v
+
+
+def int_value(v: Any, what: str, bounds: tuple[int, int], allowed: str | None = None) -> int:
+    """``v`` as a Python int in ``[lo, hi)``; :class:`OpError` ``param`` otherwise.
+
+    Accepted: ints (numpy and 0-d arrays included) and integral floats. Refused: bools, other
+    types (strings, None, complex), non-integral or non-finite floats, values out of range —
+    nothing is wrapped, truncated or saturated. ``allowed`` overrides the range the message
+    states (when a caller checks only part of the rule).
+    """
+    lo, hi = bounds
+    v = _python_scalar(v, what)
+    if isinstance(v, bool):
+        raise OpError("param", f"{what} must be an integer, got the bool {v}")
+    if isinstance(v, numbers.Integral) or (hasattr(v, "__index__") and not isinstance(v, numbers.Real)):
+        try:
+            iv = operator.index(v)
+        except TypeError:
+            raise OpError("param", f"{what} must be an integer, got {type(v).__name__} {v!r}") from None
+    elif isinstance(v, numbers.Real):
+        try:
+            iv = int(v)
+        except (OverflowError, ValueError):  # inf, nan
+            raise OpError("param", f"{what} must be an integer, got {v}") from None
+        if iv != v:
+            raise OpError("param", f"{what} must be an integer, got {v}")
+    else:
+        raise OpError("param", f"{what} must be an integer, got {type(v).__name__} {v!r}")
+    if not lo <= iv < hi:
+        raise OpError("param", f"{what} = {iv} is out of range: allowed "
+                               f"{allowed or f'[{_pow2(lo)}, {_pow2(hi)})'}")
+    return iv
+
+
+def float_value(v: Any, what: str) -> float:
+    """``v`` rounded to f32 (round to nearest even), as a Python float.
+
+    Accepted: real numbers (not bools), numpy scalars and 0-d arrays included; ``inf``/``nan``
+    pass as given. A finite value that would round to infinity (``|v| > 3.4028235e38``) is
+    :class:`OpError` ``param`` (out of range), not silently made infinite.
+    """
+    v = _python_scalar(v, what)
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise OpError("param", f"{what} must be a real number, got {type(v).__name__} {v!r}")
+    try:
+        x = float(v)
+        given_inf = math.isinf(x)
+    except OverflowError:  # an int beyond the double range: surely beyond f32
+        x, given_inf = (math.inf if v > 0 else -math.inf), False
+    with np.errstate(over="ignore"):
+        f = np.float32(x)
+    if np.isinf(f) and not given_inf:
+        raise OpError("param", f"{what} = {v} is out of range: a float attribute is f32, finite "
+                               f"values must have magnitude <= {float(np.finfo(np.float32).max):.8g}")
+    return float(f)
+
+
+def bool_value(v: Any, what: str) -> bool:
+    """``v`` as a bool: True/False (numpy and 0-d arrays included) or the integers 0 and 1;
+    anything else (strings, 2, 0.5, None) is :class:`OpError` ``param``."""
+    v = _python_scalar(v, what)
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, numbers.Integral) and v in (0, 1):
         return bool(v)
+    raise OpError("param", f"{what} must be a bool (True/False or 0/1), got {type(v).__name__} {v!r}")
+
+
+def attr_value(spec: AttrSpec, v: Any, what: str) -> float | int | bool:
+    """The value of scalar attribute ``spec`` (the rules of docs/dsl.md section 2): ``bool``
+    by :func:`bool_value`; ``int`` in ``[-2**63, 2**64)``, values ``>= 2**63`` read as their
+    two's-complement int64 (an unsigned 64-bit ABI value); ``float`` by :func:`float_value`.
+    ``what`` names the op and attribute in errors."""
+    if spec.dtype == dtypes.BOOL:
+        return bool_value(v, what)
     if spec.dtype == dtypes.I64:
-        if isinstance(v, float) and not float(v).is_integer():
-            raise OpError("param", f"attribute '{name}' must be an integer, got {v}")
-        iv = int(v)
+        iv = int_value(v, what, INT_ATTR_RANGE)
         if iv >= 2**63:  # an unsigned 64-bit ABI value read as int64 (two's complement)
             iv -= 2**64
         return iv
-    return float(np.float32(v))
+    return float_value(v, what)

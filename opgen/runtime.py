@@ -5,11 +5,21 @@
 
 Outputs not passed are allocated (zero-filled) when their shape follows from the inputs.
 Failures raise :class:`opgen.binding.OpError` with the abstract status of the C status code.
+
+Before the library runs, the Python side refuses (``OpError``) what the C ABI cannot express or
+would get wrong: unknown argument names; an output that cannot be written in place (read-only
+numpy arrays such as ``np.frombuffer`` over ``bytes``, non-arrays, torch tensors requiring grad
+under grad mode or inference tensors outside inference mode) — status ``param``; scalars out of
+their ABI type's range or of the wrong kind — ``param`` (see :func:`opgen.binding.attr_value`);
+arrays whose dtype the library has no code for (complex, object, non-native byte order) —
+``dtype``; data not aligned to its item size — ``strides``; torch tensors on another device —
+``param``. Inputs are only read; a torch output's version counter is bumped after it is written.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 from functools import cache
 from pathlib import Path
@@ -18,7 +28,16 @@ from typing import Any
 import numpy as np
 
 from opgen import dtypes, registry
-from opgen.binding import OpError, bind, to_numpy
+from opgen.binding import (
+    I64_RANGE,
+    OpError,
+    attr_value,
+    bind,
+    dtype_of,
+    int_value,
+    output_array,
+    to_numpy,
+)
 from opgen.dsl.spec import AttrSpec, SizeSpec, TensorSpec
 
 #: plain-ABI status code -> abstract status (see opgen.emit.render.STATUSES)
@@ -50,22 +69,34 @@ def load(path: str | None = None) -> ctypes.CDLL:
     return lib
 
 
-def describe(arr: np.ndarray) -> tuple[TensorDesc, tuple[Any, ...]]:
-    """An opgen_tensor_t for ``arr`` (plus the ctypes arrays that must outlive it)."""
-    d = dtypes.from_numpy(arr.dtype)
+def describe(arr: np.ndarray, what: str = "tensor") -> tuple[TensorDesc, tuple[Any, ...]]:
+    """An opgen_tensor_t for ``arr`` (plus the ctypes arrays that must outlive it).
+
+    Raises :class:`OpError` ``dtype`` for a dtype the library has no code for (complex, object,
+    non-native byte order, ...) and ``strides`` for strides or a data address that are not a
+    multiple of the item size; ``what`` names the argument in the message."""
+    d = dtype_of(arr, what)
     item = arr.itemsize
     if any(st % item for st in arr.strides):
-        raise OpError("strides", "array strides are not a multiple of the item size")
+        raise OpError("strides", f"{what}: array strides {arr.strides} are not a multiple of the item "
+                                 f"size {item}")
+    if arr.size and arr.ctypes.data % item:
+        raise OpError("strides", f"{what}: the data address is not aligned to the {item}-byte item size")
     shape = (ctypes.c_int64 * max(arr.ndim, 1))(*arr.shape)
     strides = (ctypes.c_int64 * max(arr.ndim, 1))(*(st // item for st in arr.strides))
     desc = TensorDesc(arr.ctypes.data if arr.size else None, dtypes.ALL.index(d), arr.ndim, shape, strides)
     return desc, (shape, strides, arr)
 
 
-def marshal(sig: Any, args: dict[str, Any], tensor_arg: Any) -> tuple[list[Any], dict[str, Any], list[Any]]:
+def marshal(sig: Any, args: dict[str, Any], tensor_arg: Any,
+            op_name: str = "op") -> tuple[list[Any], dict[str, Any], list[Any]]:
     """ctypes arguments of a plain entry point, in signature order. ``tensor_arg(param, v)`` returns
     (the object handed back for outputs, its TensorDesc, what must stay alive); scalars use their
-    declared C types (an unsigned 64-bit int attribute is passed as its int64 bit pattern)."""
+    declared C types (an unsigned 64-bit int attribute is passed as its int64 bit pattern).
+
+    Scalars go through :func:`opgen.binding.attr_value` (the binding's rules, so nothing is wrapped
+    or truncated into its C type); a size parameter must fit int64 (its sign is the library's to
+    check); a missing attribute without default is :class:`OpError` ``null``."""
     keep: list[Any] = []
     cargs: list[Any] = []
     outs: dict[str, Any] = {}
@@ -81,41 +112,76 @@ def marshal(sig: Any, args: dict[str, Any], tensor_arg: Any) -> tuple[list[Any],
             keep.append((desc, hold))
             cargs.append(ctypes.pointer(desc))
         elif isinstance(p.spec, AttrSpec):
-            val = p.spec.default if v is None else v
+            if v is None:
+                if not p.spec.has_default:
+                    raise OpError("null", f"{op_name}: attribute '{p.name}' is required")
+                v = p.spec.default
+            val = attr_value(p.spec, v, f"{op_name}: attribute '{p.name}'")
             if p.spec.dtype == dtypes.F32:
-                cargs.append(ctypes.c_float(float(val)))
+                cargs.append(ctypes.c_float(val))
             elif p.spec.dtype == dtypes.I64:
-                iv = int(val)
-                cargs.append(ctypes.c_int64(iv - 2**64 if iv >= 2**63 else iv))
+                cargs.append(ctypes.c_int64(int(val)))
             else:
                 cargs.append(ctypes.c_bool(bool(val)))
         else:
             assert isinstance(p.spec, SizeSpec)
-            cargs.append(ctypes.c_int64(int(v) if v is not None else -1))
+            # any int64 goes through: a negative size is the library's to refuse (status param)
+            n = -1 if v is None else int_value(v, f"{op_name}: size '{p.name}'", I64_RANGE,
+                                               allowed="[0, 2**63)")
+            cargs.append(ctypes.c_int64(n))
     return cargs, outs, keep
 
 
+def check_args(o: Any, args: dict[str, Any]) -> None:
+    """:class:`OpError` ``param`` for argument names ``o``'s signature does not have (a misspelt
+    attribute would otherwise silently take its default); ``null`` for a size parameter not
+    given (as the binding says, rather than the library's "must be >= 0" for its -1 sentinel)."""
+    known = [p.name for p in o.signature.params]
+    unknown = sorted(set(args) - set(known))
+    if unknown:
+        raise OpError("param", f"{o.name}: unknown argument(s) {unknown}; parameters: {', '.join(known)}")
+    for p in o.signature.sizes:
+        if args.get(p.name) is None:
+            raise OpError("null", f"{o.name}: size '{p.name}' is required")
+
+
+def bump_versions(objs: Any) -> None:
+    """Tell autograd that torch tensors among ``objs`` were written in place (the library writes
+    through their numpy view, which torch's version counter does not see)."""
+    for t in objs:
+        if type(t).__module__.startswith("torch"):
+            import torch
+
+            torch.autograd.graph.increment_version(t)
+
+
 def call(op_name: str, lib: ctypes.CDLL | None = None, workspace: bool = True, **args: Any) -> dict[str, np.ndarray]:
-    """Run ``op_name`` through its plain C entry point; returns the outputs by name."""
+    """Run ``op_name`` through its plain C entry point; returns the outputs by name (numpy views of
+    the outputs passed, or new arrays). Raises :class:`OpError` (see the module docstring) before
+    anything runs for an argument the library must not get, else with the library's status."""
     o = registry.get(op_name)
     lib = lib or load()
     sig = o.signature
     args = {k: v for k, v in args.items() if v is not None}
+    check_args(o, args)
     missing = [p.name for p in sig.outputs if p.name not in args and not p.optional]
     if missing:  # allocate outputs the way the oracle does (validating the call in Python)
         b = bind(o, args)
         for name in missing:
             args[name] = b.outputs[name]
-    def numpy_arg(_: Any, v: Any) -> tuple[np.ndarray, TensorDesc, Any]:
-        arr = to_numpy(v)
-        return (arr, *describe(arr))
 
-    cargs, outs, _keep = marshal(sig, args, numpy_arg)
+    def numpy_arg(p: Any, v: Any) -> tuple[np.ndarray, TensorDesc, Any]:
+        what = f"{o.name}: '{p.name}'"
+        arr = output_array(v, what) if p.is_output else to_numpy(v, what)
+        return (arr, *describe(arr, what))
+
+    cargs, outs, _keep = marshal(sig, args, numpy_arg, o.name)
     fn = getattr(lib, f"opgen_{o.name}")
     st = fn(*cargs, None, ctypes.c_size_t(0))
     if st != 0:
         msg = lib.opgen_last_error().decode()
         raise OpError(STATUS.get(st, "internal"), f"status {st}: {msg}")
+    bump_versions(args[p.name] for p in sig.outputs if p.name in args)
     return outs
 
 
@@ -160,12 +226,14 @@ def ttnn_function(op_name: str) -> Any:
         as_torch = any(type(x).__module__.startswith("torch") for x in positional)
         args: dict[str, Any] = {}
         for a, x in zip(decl.positional, positional, strict=True):
-            arr = to_numpy(x)
+            arr = to_numpy(x, f"{decl.name}: '{a.c_name}'")
             spec = sig[a.param].spec
             assert isinstance(spec, TensorSpec)
             rank = len(spec.shape)
-            arr = arr.reshape(-1) if rank == 1 else arr.reshape(-1, *arr.shape[arr.ndim - rank + 1:])
-            args[a.param] = arr
+            if arr.ndim >= rank:  # merge the leading dims (a view where numpy can, else a copy)
+                nb = arr.ndim - rank + 1
+                arr = arr.reshape((math.prod(arr.shape[:nb]), *arr.shape[nb:]))
+            args[a.param] = arr  # (a lower rank is left to the binding's shape check)
         b = bind(o, dict(args))
         want = np.dtype(b.outputs[decl.output].dtype)
         req = _dtype_of(dtype)
@@ -174,16 +242,18 @@ def ttnn_function(op_name: str) -> Any:
         lead = decl.output_lead
         logical = b.outputs[decl.output].shape
         if output_tensor is not None:
-            out_full = to_numpy(output_tensor)
+            out_full = output_array(output_tensor, f"{decl.name}: 'output_tensor'")
             if out_full.dtype != want:
                 raise OpError("dtype", f"{decl.name}: output_tensor must be {want}, got {out_full.dtype}")
             if out_full.shape not in (tuple(logical), (*lead, *logical)):
                 raise OpError("shape", f"{decl.name}: output_tensor must be {(*lead, *logical)} {want}")
         else:
             out_full = np.zeros((*lead, *logical), want)
-        args[decl.output] = out_full.reshape(logical)
+        # drop the unit leading dims by indexing: always a view, so the library writes out_full
+        args[decl.output] = out_full[(0,) * (out_full.ndim - len(logical))]
         call(op_name, **args)
         if output_tensor is not None:
+            bump_versions([output_tensor])
             return output_tensor
         if as_torch:
             import torch

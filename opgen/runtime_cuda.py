@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from opgen import dtypes, registry
-from opgen.binding import OpError, bind, to_numpy
-from opgen.runtime import STATUS, TensorDesc, marshal
+from opgen.binding import OpError, bind, check_writable_torch, dtype_of, to_numpy
+from opgen.runtime import STATUS, TensorDesc, bump_versions, check_args, marshal
 
 TORCH_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i8": "int8",
                "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16",
@@ -86,11 +86,15 @@ def to_host(t: Any) -> np.ndarray:
     return t.numpy()
 
 
-def describe(t: Any) -> tuple[TensorDesc, tuple[Any, ...]]:
-    """An opgen_tensor_t for a torch CUDA tensor (plus the ctypes arrays that must outlive it)."""
+def describe(t: Any, what: str = "tensor") -> tuple[TensorDesc, tuple[Any, ...]]:
+    """An opgen_tensor_t for a torch CUDA tensor (plus the ctypes arrays that must outlive it);
+    :class:`OpError` ``dtype`` for a torch dtype opgen has no code for."""
     shape = (ctypes.c_int64 * max(t.dim(), 1))(*t.shape)
     strides = (ctypes.c_int64 * max(t.dim(), 1))(*t.stride())
-    d = dtypes.BY_NAME[dtype_name(t)]
+    try:
+        d = dtypes.BY_NAME[dtype_name(t)]
+    except KeyError:
+        raise OpError("dtype", f"{what}: unsupported dtype {t.dtype}") from None
     desc = TensorDesc(t.data_ptr() if t.numel() else None, dtypes.ALL.index(d), t.dim(), shape, strides)
     return desc, (shape, strides, t)
 
@@ -104,17 +108,26 @@ def call(op_name: str, lib: ctypes.CDLL | None = None, stream: int | None = None
     lib = lib or load()
     sig = o.signature
     args = {k: v for k, v in args.items() if v is not None}
+    check_args(o, args)
     missing = [p.name for p in sig.outputs if p.name not in args and not p.optional]
     if missing:  # shapes from the binding (on host copies)
         host = {k: (to_host(v) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
         b = bind(o, host)
         for name in missing:
             args[name] = np.zeros_like(b.outputs[name])
-    def device_arg(_: Any, v: Any) -> tuple[Any, Any, Any]:
-        t = to_device(v if isinstance(v, torch.Tensor) else to_numpy(v))
-        return (t, *describe(t))
 
-    cargs, outs, _keep = marshal(sig, args, device_arg)
+    def device_arg(p: Any, v: Any) -> tuple[Any, Any, Any]:
+        what = f"{o.name}: '{p.name}'"
+        if isinstance(v, torch.Tensor):
+            if p.is_output:  # written in place (a host tensor is copied: the copy is returned)
+                check_writable_torch(v, what)
+        else:
+            v = to_numpy(v, what)
+            dtype_of(v, what)
+        t = to_device(v)
+        return (t, *describe(t, what))
+
+    cargs, outs, _keep = marshal(sig, args, device_arg, o.name)
     if stream is None:
         stream = torch.cuda.current_stream().cuda_stream
     ws_ptr = ctypes.c_void_p(workspace.data_ptr()) if workspace is not None else None
@@ -124,6 +137,7 @@ def call(op_name: str, lib: ctypes.CDLL | None = None, stream: int | None = None
     if st != 0:
         msg = lib.opgen_cuda_last_error().decode()
         raise OpError(STATUS.get(st, "internal"), f"status {st}: {msg}")
+    bump_versions(outs.values())
     return outs
 
 
@@ -131,7 +145,7 @@ def workspace_size(op_name: str, lib: ctypes.CDLL | None = None, **args: Any) ->
     """Bytes of workspace ``opgen_cuda_<op>`` needs for these (torch CUDA) arguments."""
     o = registry.get(op_name)
     lib = lib or load()
-    cargs, _, _keep = marshal(o.signature, args, lambda _, v: (v, *describe(v)))
+    cargs, _, _keep = marshal(o.signature, args, lambda p, v: (v, *describe(v, f"{o.name}: '{p.name}'")), o.name)
     size = ctypes.c_size_t(0)
     st = getattr(lib, f"opgen_cuda_{o.name}_workspace_size")(*cargs, ctypes.byref(size))
     if st != 0:
