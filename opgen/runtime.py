@@ -12,8 +12,8 @@ numpy arrays such as ``np.frombuffer`` over ``bytes``, non-arrays, torch tensors
 under grad mode or inference tensors outside inference mode) — status ``param``; scalars out of
 their ABI type's range or of the wrong kind — ``param`` (see :func:`opgen.binding.attr_value`);
 arrays whose dtype the library has no code for (complex, object, non-native byte order) —
-``dtype``; data not aligned to its item size — ``strides``; torch tensors on another device —
-``param``. Inputs are only read; a torch output's version counter is bumped after it is written.
+``dtype``; data not aligned to its item size — ``param`` (the C ABI's rule too); torch tensors
+on another device — ``param``. Inputs are only read; a torch output's version counter is bumped after it is written.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def describe(arr: np.ndarray, what: str = "tensor") -> tuple[TensorDesc, tuple[A
         raise OpError("strides", f"{what}: array strides {arr.strides} are not a multiple of the item "
                                  f"size {item}")
     if arr.size and arr.ctypes.data % item:
-        raise OpError("strides", f"{what}: the data address is not aligned to the {item}-byte item size")
+        raise OpError("param", f"{what}: the data address is not aligned to the {item}-byte item size")
     shape = (ctypes.c_int64 * max(arr.ndim, 1))(*arr.shape)
     strides = (ctypes.c_int64 * max(arr.ndim, 1))(*(st // item for st in arr.strides))
     desc = TensorDesc(arr.ctypes.data if arr.size else None, dtypes.ALL.index(d), arr.ndim, shape, strides)

@@ -10,9 +10,9 @@ shares) accepts and refuses before the compiled library runs (docs/dsl.md sectio
    uint64 ABI value, e.g. CANN's paddingIdx, read as int64), a size [0, 2**63), a ``float``
    attribute any real whose f32 rounding is finite (inf/nan as given), a ``bool`` True/False/0/1;
    anything else is ``param``; an output too large to allocate is ``shape`` / ``alloc``;
-3. arrays the library has no code for (complex, object, big-endian, misaligned) are ``dtype`` /
-   ``strides``; torch tensors on another device are ``param``; non-contiguous torch tensors and
-   requires-grad inputs give PyTorch's results.
+3. arrays the library has no code for (complex, object, big-endian) are ``dtype``, misaligned data
+   ``param`` (the C ABI's alignment rule); torch tensors on another device are ``param``;
+   non-contiguous torch tensors and requires-grad inputs give PyTorch's results.
 
 Results are checked against the oracle (``opgen.oracle``) or PyTorch CPU; errors by status.
 """
@@ -424,7 +424,7 @@ def test_big_endian_grad_bound_first():
 
 
 @pytest.mark.parametrize("where", ["grad", "out"])
-def test_misaligned_data_is_a_strides_error(where):
+def test_misaligned_data_is_a_param_error(where):
     """Data one byte off its item alignment (a C float* may not point there)."""
     grad, idx = edb_small()
     out = np.full((3, 3), SENTINEL, np.float32)
@@ -440,7 +440,7 @@ def test_misaligned_data_is_a_strides_error(where):
     else:
         out = off_by_one(out)
     e = status_of(lambda: runtime.call(EDB, grad=grad, indices=idx, num_weights=3, out=out))
-    assert e.status == "strides" and f"'{where}'" in e.message and "aligned" in e.message
+    assert e.status == "param" and f"'{where}'" in e.message and "aligned" in e.message
     assert np.all(out == SENTINEL)
 
 

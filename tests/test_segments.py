@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from opgen import oracle, registry, runtime
-from tests.cpu_cases import c_call, edb_indices, filled, floats, set_shape
+from tests.cpu_cases import c_call, filled, floats, set_shape
 
 
 def dense(rows: int, n: int) -> bool:
@@ -82,6 +82,6 @@ def test_workspace_grows_with_the_indices_not_the_table(scale):
     st, small = _size(100, 1, scale)
     assert st == 0
     st, huge = _size(2**31 + 1, 1, scale)
-    assert st == 0 and huge < 64 * 1024, f"{huge} bytes of workspace for one index"
+    assert st == 0 and huge <= small + 64, f"{huge} bytes of workspace for one index ({small} for 100 rows)"
     st, many = _size(2**31 + 1, 1000, scale)
     assert st == 0 and many < 1000 * 64 + 64 * 1024
