@@ -95,7 +95,8 @@ def cmd_build(args: argparse.Namespace) -> int:
                           compile_lib=not args.no_compile, cuda=args.cuda, build_dir=args.build_dir,
                           tracebacks=args.traceback)
     except CompileError as e:
-        print(f"opgen build: compilation failed:\n{e}", file=sys.stderr)
+        print(f"opgen build: compilation failed:\n{e}\n    what to do: generated code that does not compile is a "
+              "compiler bug; please report it with this output (the source named above is kept)", file=sys.stderr)
         return 1
 
 

@@ -172,6 +172,23 @@ def test_tensor_core_gemm_keeps_f32_accuracy(sources: dict[str, str]) -> None:
     assert np.isposinf(got[3]).all() and np.isfinite(np.delete(got, 3, 0)).all()
 
 
+@pytest.mark.parametrize("scale", [False, True])
+def test_sparse_segment_tables(emu_lib: Path, scale: bool) -> None:
+    """A table much larger than the indices (V = 20000, N = 12): the segment table is the sorted
+    indices (searched by bisection, no V-sized workspace), on the device as on the CPU."""
+    from opgen import oracle, runtime
+
+    rng = np.random.default_rng(5)
+    idx = rng.integers(0, 20000, (3, 4))
+    idx[0, :3] = idx[2, 1]
+    grad = rng.standard_normal((3, 4, 6)).astype(np.float32)
+    args = {"grad": grad, "indices": idx, "num_weights": 20000, "padding_idx": int(idx[1, 0]),
+            "scale_grad_by_freq": scale}
+    got = runtime.call("embedding_dense_backward", lib=worker.load(emu_lib), **args)["out"]
+    ref = oracle.run(registry.get("embedding_dense_backward"), **args)["out"]
+    assert np.allclose(got, ref, rtol=1e-6, atol=1e-7) and np.count_nonzero(got.any(axis=1)) >= 5
+
+
 def test_index_out_of_range_writes_nothing_and_is_reported(emu_lib: Path) -> None:
     lib = ctypes.CDLL(str(emu_lib))
     lib.opgen_cuda_device_status.argtypes = [ctypes.c_void_p, ctypes.c_int]
