@@ -3,7 +3,7 @@
 #include <omp.h>
 
 static inline int opgen_thread(void) { return omp_get_thread_num(); }
-static inline int opgen_threads(void) { return omp_get_max_threads(); }
+static inline int opgen_threads(void) { return opgen_team_cap(); }
 
 static opgen_status_t k_embedding_backward_f16_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const uint16_t *restrict dy = (const uint16_t *)bufs[0].data;
@@ -87,7 +87,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -159,7 +159,7 @@ static opgen_status_t k_embedding_backward_f16_i8_u(const opgen_buf_t *bufs, con
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -274,7 +274,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -346,7 +346,7 @@ static opgen_status_t k_embedding_backward_f16_i16_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -461,7 +461,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -533,7 +533,7 @@ static opgen_status_t k_embedding_backward_f16_i32_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -648,7 +648,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -720,7 +720,7 @@ static opgen_status_t k_embedding_backward_f16_i64_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -835,7 +835,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -907,7 +907,7 @@ static opgen_status_t k_embedding_backward_f16_u8_u(const opgen_buf_t *bufs, con
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -1022,7 +1022,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -1094,7 +1094,7 @@ static opgen_status_t k_embedding_backward_f16_u16_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -1209,7 +1209,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -1281,7 +1281,7 @@ static opgen_status_t k_embedding_backward_f16_u32_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -1396,7 +1396,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -1468,7 +1468,7 @@ static opgen_status_t k_embedding_backward_f16_u64_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -1583,7 +1583,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -1655,7 +1655,7 @@ static opgen_status_t k_embedding_backward_bf16_i8_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -1770,7 +1770,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -1842,7 +1842,7 @@ static opgen_status_t k_embedding_backward_bf16_i16_u(const opgen_buf_t *bufs, c
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -1957,7 +1957,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -2029,7 +2029,7 @@ static opgen_status_t k_embedding_backward_bf16_i32_u(const opgen_buf_t *bufs, c
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -2144,7 +2144,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -2216,7 +2216,7 @@ static opgen_status_t k_embedding_backward_bf16_i64_u(const opgen_buf_t *bufs, c
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -2331,7 +2331,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -2403,7 +2403,7 @@ static opgen_status_t k_embedding_backward_bf16_u8_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -2518,7 +2518,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -2590,7 +2590,7 @@ static opgen_status_t k_embedding_backward_bf16_u16_u(const opgen_buf_t *bufs, c
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -2705,7 +2705,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -2777,7 +2777,7 @@ static opgen_status_t k_embedding_backward_bf16_u32_u(const opgen_buf_t *bufs, c
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -2892,7 +2892,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -2964,7 +2964,7 @@ static opgen_status_t k_embedding_backward_bf16_u64_u(const opgen_buf_t *bufs, c
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -3079,7 +3079,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -3151,7 +3151,7 @@ static opgen_status_t k_embedding_backward_f32_i8_u(const opgen_buf_t *bufs, con
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -3266,7 +3266,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -3338,7 +3338,7 @@ static opgen_status_t k_embedding_backward_f32_i16_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -3453,7 +3453,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -3525,7 +3525,7 @@ static opgen_status_t k_embedding_backward_f32_i32_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -3640,7 +3640,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -3712,7 +3712,7 @@ static opgen_status_t k_embedding_backward_f32_i64_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -3827,7 +3827,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -3899,7 +3899,7 @@ static opgen_status_t k_embedding_backward_f32_u8_u(const opgen_buf_t *bufs, con
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -4014,7 +4014,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -4086,7 +4086,7 @@ static opgen_status_t k_embedding_backward_f32_u16_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -4201,7 +4201,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -4273,7 +4273,7 @@ static opgen_status_t k_embedding_backward_f32_u32_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -4388,7 +4388,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -4460,7 +4460,7 @@ static opgen_status_t k_embedding_backward_f32_u64_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -4575,7 +4575,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -4647,7 +4647,7 @@ static opgen_status_t k_embedding_backward_f64_i8_u(const opgen_buf_t *bufs, con
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -4762,7 +4762,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -4834,7 +4834,7 @@ static opgen_status_t k_embedding_backward_f64_i16_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -4949,7 +4949,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -5021,7 +5021,7 @@ static opgen_status_t k_embedding_backward_f64_i32_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -5136,7 +5136,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -5208,7 +5208,7 @@ static opgen_status_t k_embedding_backward_f64_i64_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -5323,7 +5323,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -5395,7 +5395,7 @@ static opgen_status_t k_embedding_backward_f64_u8_u(const opgen_buf_t *bufs, con
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -5510,7 +5510,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -5582,7 +5582,7 @@ static opgen_status_t k_embedding_backward_f64_u16_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -5697,7 +5697,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -5769,7 +5769,7 @@ static opgen_status_t k_embedding_backward_f64_u32_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -5884,7 +5884,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -5956,7 +5956,7 @@ static opgen_status_t k_embedding_backward_f64_u64_u(const opgen_buf_t *bufs, co
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -6071,7 +6071,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -6142,7 +6142,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i8_u(const opgen_buf_t *bufs,
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -6257,7 +6257,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -6328,7 +6328,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i16_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -6443,7 +6443,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -6514,7 +6514,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i32_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -6629,7 +6629,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -6700,7 +6700,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i64_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -6815,7 +6815,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -6886,7 +6886,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u8_u(const opgen_buf_t *bufs,
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -7001,7 +7001,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -7072,7 +7072,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u16_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -7187,7 +7187,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -7258,7 +7258,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u32_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -7373,7 +7373,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -7444,7 +7444,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u64_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -7559,7 +7559,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -7630,7 +7630,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i8_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -7745,7 +7745,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -7816,7 +7816,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i16_u(const opgen_buf_t *buf
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -7931,7 +7931,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -8002,7 +8002,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i32_u(const opgen_buf_t *buf
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -8117,7 +8117,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -8188,7 +8188,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i64_u(const opgen_buf_t *buf
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -8303,7 +8303,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -8374,7 +8374,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u8_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -8489,7 +8489,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -8560,7 +8560,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u16_u(const opgen_buf_t *buf
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -8675,7 +8675,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -8746,7 +8746,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u32_u(const opgen_buf_t *buf
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -8861,7 +8861,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -8932,7 +8932,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u64_u(const opgen_buf_t *buf
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -9047,7 +9047,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -9118,7 +9118,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i8_u(const opgen_buf_t *bufs,
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -9233,7 +9233,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -9304,7 +9304,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i16_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -9419,7 +9419,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -9490,7 +9490,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i32_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -9605,7 +9605,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -9676,7 +9676,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i64_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -9791,7 +9791,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -9862,7 +9862,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u8_u(const opgen_buf_t *bufs,
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -9977,7 +9977,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -10048,7 +10048,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u16_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -10163,7 +10163,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -10234,7 +10234,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u32_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -10349,7 +10349,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -10420,7 +10420,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u64_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const float v17 = alpha1;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(float) * (size_t)d_D);
@@ -10535,7 +10535,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -10606,7 +10606,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i8_u(const opgen_buf_t *bufs,
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -10721,7 +10721,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -10792,7 +10792,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i16_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -10907,7 +10907,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -10978,7 +10978,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i32_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -11093,7 +11093,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -11164,7 +11164,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i64_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -11279,7 +11279,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -11350,7 +11350,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u8_u(const opgen_buf_t *bufs,
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -11465,7 +11465,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -11536,7 +11536,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u16_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -11651,7 +11651,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -11722,7 +11722,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u32_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -11837,7 +11837,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -11908,7 +11908,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u64_u(const opgen_buf_t *bufs
     const int64_t v16 = d_D;
     const double v17 = (double)(alpha1);
     const double v18 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v11; i19 < v12; i19++) {
         double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l20, 0, sizeof(double) * (size_t)d_D);
@@ -12029,7 +12029,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -12104,7 +12104,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i8_u(const opgen_buf_t *
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -12225,7 +12225,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -12300,7 +12300,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i16_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -12421,7 +12421,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -12496,7 +12496,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i32_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -12617,7 +12617,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -12692,7 +12692,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i64_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -12813,7 +12813,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -12888,7 +12888,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u8_u(const opgen_buf_t *
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -13009,7 +13009,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -13084,7 +13084,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u16_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -13205,7 +13205,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -13280,7 +13280,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u32_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -13401,7 +13401,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -13476,7 +13476,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u64_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -13597,7 +13597,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -13672,7 +13672,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i8_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -13793,7 +13793,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -13868,7 +13868,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i16_u(const opgen_buf_t
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -13989,7 +13989,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -14064,7 +14064,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i32_u(const opgen_buf_t
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -14185,7 +14185,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -14260,7 +14260,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i64_u(const opgen_buf_t
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -14381,7 +14381,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -14456,7 +14456,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u8_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -14577,7 +14577,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -14652,7 +14652,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u16_u(const opgen_buf_t
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -14773,7 +14773,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -14848,7 +14848,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u32_u(const opgen_buf_t
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -14969,7 +14969,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -15044,7 +15044,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u64_u(const opgen_buf_t
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -15165,7 +15165,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -15240,7 +15240,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i8_u(const opgen_buf_t *
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -15361,7 +15361,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -15436,7 +15436,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i16_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -15557,7 +15557,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -15632,7 +15632,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i32_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -15753,7 +15753,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -15828,7 +15828,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i64_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -15949,7 +15949,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -16024,7 +16024,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u8_u(const opgen_buf_t *
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -16145,7 +16145,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -16220,7 +16220,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u16_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -16341,7 +16341,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -16416,7 +16416,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u32_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -16537,7 +16537,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const float v21 = alpha1;
     const float v22 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(float) * (size_t)d_D);
@@ -16612,7 +16612,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u64_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const float v19 = alpha1;
     const float v20 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(float) * (size_t)d_D);
@@ -16733,7 +16733,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -16808,7 +16808,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i8_u(const opgen_buf_t *
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -16929,7 +16929,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -17004,7 +17004,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i16_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -17125,7 +17125,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -17200,7 +17200,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i32_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -17321,7 +17321,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -17396,7 +17396,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i64_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -17517,7 +17517,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -17592,7 +17592,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u8_u(const opgen_buf_t *
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -17713,7 +17713,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -17788,7 +17788,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u16_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -17909,7 +17909,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -17984,7 +17984,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u32_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -18105,7 +18105,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v20 = d_D;
     const double v21 = (double)(alpha1);
     const double v22 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i23 = v15; i23 < v16; i23++) {
         double *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l24, 0, sizeof(double) * (size_t)d_D);
@@ -18180,7 +18180,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u64_u(const opgen_buf_t 
     const int64_t v18 = d_D;
     const double v19 = (double)(alpha1);
     const double v20 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v13; i21 < v14; i21++) {
         double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l22, 0, sizeof(double) * (size_t)d_D);
@@ -18321,7 +18321,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -18351,7 +18351,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -18441,7 +18441,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8_u(const opgen_buf_
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -18471,7 +18471,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8_u(const opgen_buf_
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -18612,7 +18612,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -18642,7 +18642,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -18732,7 +18732,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16_u(const opgen_buf
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -18762,7 +18762,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16_u(const opgen_buf
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -18903,7 +18903,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -18933,7 +18933,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -19023,7 +19023,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32_u(const opgen_buf
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -19053,7 +19053,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32_u(const opgen_buf
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -19194,7 +19194,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -19224,7 +19224,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -19314,7 +19314,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64_u(const opgen_buf
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -19344,7 +19344,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64_u(const opgen_buf
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -19485,7 +19485,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -19515,7 +19515,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -19605,7 +19605,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8_u(const opgen_buf_
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -19635,7 +19635,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8_u(const opgen_buf_
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -19776,7 +19776,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -19806,7 +19806,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -19896,7 +19896,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16_u(const opgen_buf
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -19926,7 +19926,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16_u(const opgen_buf
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -20067,7 +20067,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -20097,7 +20097,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -20187,7 +20187,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32_u(const opgen_buf
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -20217,7 +20217,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32_u(const opgen_buf
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -20358,7 +20358,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -20388,7 +20388,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -20478,7 +20478,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64_u(const opgen_buf
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -20508,7 +20508,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64_u(const opgen_buf
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -20649,7 +20649,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -20679,7 +20679,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -20769,7 +20769,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8_u(const opgen_buf
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -20799,7 +20799,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8_u(const opgen_buf
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -20940,7 +20940,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -20970,7 +20970,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -21060,7 +21060,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16_u(const opgen_bu
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -21090,7 +21090,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16_u(const opgen_bu
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -21231,7 +21231,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -21261,7 +21261,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -21351,7 +21351,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32_u(const opgen_bu
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -21381,7 +21381,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32_u(const opgen_bu
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -21522,7 +21522,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -21552,7 +21552,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -21642,7 +21642,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64_u(const opgen_bu
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -21672,7 +21672,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64_u(const opgen_bu
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -21813,7 +21813,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -21843,7 +21843,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -21933,7 +21933,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8_u(const opgen_buf
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -21963,7 +21963,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8_u(const opgen_buf
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -22104,7 +22104,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -22134,7 +22134,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -22224,7 +22224,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16_u(const opgen_bu
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -22254,7 +22254,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16_u(const opgen_bu
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -22395,7 +22395,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -22425,7 +22425,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -22515,7 +22515,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32_u(const opgen_bu
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -22545,7 +22545,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32_u(const opgen_bu
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -22686,7 +22686,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -22716,7 +22716,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -22806,7 +22806,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64_u(const opgen_bu
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -22836,7 +22836,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64_u(const opgen_bu
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -22977,7 +22977,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -23007,7 +23007,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -23097,7 +23097,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8_u(const opgen_buf_
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -23127,7 +23127,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8_u(const opgen_buf_
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -23268,7 +23268,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -23298,7 +23298,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -23388,7 +23388,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16_u(const opgen_buf
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -23418,7 +23418,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16_u(const opgen_buf
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -23559,7 +23559,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -23589,7 +23589,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -23679,7 +23679,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32_u(const opgen_buf
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -23709,7 +23709,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32_u(const opgen_buf
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -23850,7 +23850,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -23880,7 +23880,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -23970,7 +23970,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64_u(const opgen_buf
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -24000,7 +24000,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64_u(const opgen_buf
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -24141,7 +24141,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -24171,7 +24171,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -24261,7 +24261,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8_u(const opgen_buf_
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -24291,7 +24291,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8_u(const opgen_buf_
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -24432,7 +24432,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -24462,7 +24462,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -24552,7 +24552,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16_u(const opgen_buf
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -24582,7 +24582,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16_u(const opgen_buf
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -24723,7 +24723,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -24753,7 +24753,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -24843,7 +24843,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32_u(const opgen_buf
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -24873,7 +24873,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32_u(const opgen_buf
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -25014,7 +25014,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -25044,7 +25044,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -25134,7 +25134,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64_u(const opgen_buf
     const int64_t v26 = d_D;
     const float v27 = alpha1;
     const float v28 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(float) * (size_t)d_D);
@@ -25164,7 +25164,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64_u(const opgen_buf
     const int64_t v49 = d_D;
     const float v50 = alpha2;
     const float v51 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(float) * (size_t)d_D);
@@ -25305,7 +25305,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -25335,7 +25335,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);
@@ -25425,7 +25425,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8_u(const opgen_buf_
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -25455,7 +25455,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8_u(const opgen_buf_
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);
@@ -25596,7 +25596,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -25626,7 +25626,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);
@@ -25716,7 +25716,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16_u(const opgen_buf
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -25746,7 +25746,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16_u(const opgen_buf
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);
@@ -25887,7 +25887,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -25917,7 +25917,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);
@@ -26007,7 +26007,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32_u(const opgen_buf
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -26037,7 +26037,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32_u(const opgen_buf
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);
@@ -26178,7 +26178,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -26208,7 +26208,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);
@@ -26298,7 +26298,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64_u(const opgen_buf
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -26328,7 +26328,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64_u(const opgen_buf
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);
@@ -26469,7 +26469,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -26499,7 +26499,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);
@@ -26589,7 +26589,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8_u(const opgen_buf_
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -26619,7 +26619,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8_u(const opgen_buf_
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);
@@ -26760,7 +26760,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -26790,7 +26790,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);
@@ -26880,7 +26880,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16_u(const opgen_buf
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -26910,7 +26910,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16_u(const opgen_buf
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);
@@ -27051,7 +27051,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -27081,7 +27081,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);
@@ -27171,7 +27171,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32_u(const opgen_buf
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -27201,7 +27201,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32_u(const opgen_buf
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);
@@ -27342,7 +27342,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -27372,7 +27372,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);
@@ -27462,7 +27462,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u64_u(const opgen_buf
     const int64_t v26 = d_D;
     const double v27 = (double)(alpha1);
     const double v28 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i29 = v21; i29 < v22; i29++) {
         double *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l30, 0, sizeof(double) * (size_t)d_D);
@@ -27492,7 +27492,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u64_u(const opgen_buf
     const int64_t v49 = d_D;
     const double v50 = (double)(alpha2);
     const double v51 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i52 = v44; i52 < v45; i52++) {
         double *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l53, 0, sizeof(double) * (size_t)d_D);

@@ -3,7 +3,7 @@
 #include <omp.h>
 
 static inline int opgen_thread(void) { return omp_get_thread_num(); }
-static inline int opgen_threads(void) { return omp_get_max_threads(); }
+static inline int opgen_threads(void) { return opgen_team_cap(); }
 
 static opgen_status_t k_embedding_bw_u32_f16_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const uint32_t *restrict indices = (const uint32_t *)bufs[0].data;
@@ -80,7 +80,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f16_bf1
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -141,7 +141,7 @@ static opgen_status_t k_embedding_bw_u32_f16_bf16_u(const opgen_buf_t *bufs, con
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -245,7 +245,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f16_f32
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -306,7 +306,7 @@ static opgen_status_t k_embedding_bw_u32_f16_f32_u(const opgen_buf_t *bufs, cons
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -410,7 +410,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_bf16_bf
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -471,7 +471,7 @@ static opgen_status_t k_embedding_bw_u32_bf16_bf16_u(const opgen_buf_t *bufs, co
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -575,7 +575,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_bf16_f3
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -636,7 +636,7 @@ static opgen_status_t k_embedding_bw_u32_bf16_f32_u(const opgen_buf_t *bufs, con
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -740,7 +740,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f32_bf1
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -801,7 +801,7 @@ static opgen_status_t k_embedding_bw_u32_f32_bf16_u(const opgen_buf_t *bufs, con
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -905,7 +905,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f32_f32
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -966,7 +966,7 @@ static opgen_status_t k_embedding_bw_u32_f32_f32_u(const opgen_buf_t *bufs, cons
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -1070,7 +1070,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f64_bf1
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -1131,7 +1131,7 @@ static opgen_status_t k_embedding_bw_u32_f64_bf16_u(const opgen_buf_t *bufs, con
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -1235,7 +1235,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f64_f32
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -1296,7 +1296,7 @@ static opgen_status_t k_embedding_bw_u32_f64_f32_u(const opgen_buf_t *bufs, cons
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -1400,7 +1400,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f16_bf1
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -1461,7 +1461,7 @@ static opgen_status_t k_embedding_bw_i32_f16_bf16_u(const opgen_buf_t *bufs, con
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -1565,7 +1565,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f16_f32
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -1626,7 +1626,7 @@ static opgen_status_t k_embedding_bw_i32_f16_f32_u(const opgen_buf_t *bufs, cons
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -1730,7 +1730,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_bf16_bf
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -1791,7 +1791,7 @@ static opgen_status_t k_embedding_bw_i32_bf16_bf16_u(const opgen_buf_t *bufs, co
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -1895,7 +1895,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_bf16_f3
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -1956,7 +1956,7 @@ static opgen_status_t k_embedding_bw_i32_bf16_f32_u(const opgen_buf_t *bufs, con
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -2060,7 +2060,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f32_bf1
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -2121,7 +2121,7 @@ static opgen_status_t k_embedding_bw_i32_f32_bf16_u(const opgen_buf_t *bufs, con
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -2225,7 +2225,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f32_f32
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -2286,7 +2286,7 @@ static opgen_status_t k_embedding_bw_i32_f32_f32_u(const opgen_buf_t *bufs, cons
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -2390,7 +2390,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f64_bf1
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -2451,7 +2451,7 @@ static opgen_status_t k_embedding_bw_i32_f64_bf16_u(const opgen_buf_t *bufs, con
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -2555,7 +2555,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f64_f32
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -2616,7 +2616,7 @@ static opgen_status_t k_embedding_bw_i32_f64_f32_u(const opgen_buf_t *bufs, cons
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -2720,7 +2720,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f16_bf1
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -2781,7 +2781,7 @@ static opgen_status_t k_embedding_bw_i64_f16_bf16_u(const opgen_buf_t *bufs, con
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -2885,7 +2885,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f16_f32
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -2946,7 +2946,7 @@ static opgen_status_t k_embedding_bw_i64_f16_f32_u(const opgen_buf_t *bufs, cons
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -3050,7 +3050,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_bf16_bf
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -3111,7 +3111,7 @@ static opgen_status_t k_embedding_bw_i64_bf16_bf16_u(const opgen_buf_t *bufs, co
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -3215,7 +3215,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_bf16_f3
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -3276,7 +3276,7 @@ static opgen_status_t k_embedding_bw_i64_bf16_f32_u(const opgen_buf_t *bufs, con
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -3380,7 +3380,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f32_bf1
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -3441,7 +3441,7 @@ static opgen_status_t k_embedding_bw_i64_f32_bf16_u(const opgen_buf_t *bufs, con
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -3545,7 +3545,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f32_f32
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -3606,7 +3606,7 @@ static opgen_status_t k_embedding_bw_i64_f32_f32_u(const opgen_buf_t *bufs, cons
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -3710,7 +3710,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f64_bf1
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -3771,7 +3771,7 @@ static opgen_status_t k_embedding_bw_i64_f64_bf16_u(const opgen_buf_t *bufs, con
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -3875,7 +3875,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f64_f32
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);
@@ -3936,7 +3936,7 @@ static opgen_status_t k_embedding_bw_i64_f64_f32_u(const opgen_buf_t *bufs, cons
     opgen_segments(t1, d_N, v12, t13, t14);
     const int64_t v15 = 1ll;
     const int64_t v16 = d_D;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i17 = v11; i17 < v12; i17++) {
         float *restrict l18 = l18_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l18, 0, sizeof(float) * (size_t)d_D);

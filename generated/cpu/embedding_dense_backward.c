@@ -3,7 +3,7 @@
 #include <omp.h>
 
 static inline int opgen_thread(void) { return omp_get_thread_num(); }
-static inline int opgen_threads(void) { return omp_get_max_threads(); }
+static inline int opgen_threads(void) { return opgen_team_cap(); }
 
 static opgen_status_t k_embedding_dense_backward_f32_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const float *restrict grad = (const float *)bufs[0].data;
@@ -82,7 +82,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -99,7 +99,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -173,7 +173,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f32_u(const opgen_buf_t *bu
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -190,7 +190,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f32_u(const opgen_buf_t *bu
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -308,7 +308,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -325,7 +325,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -399,7 +399,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f16_u(const opgen_buf_t *bu
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -416,7 +416,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f16_u(const opgen_buf_t *bu
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -534,7 +534,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -551,7 +551,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -625,7 +625,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f64_u(const opgen_buf_t *bu
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -642,7 +642,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f64_u(const opgen_buf_t *bu
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -760,7 +760,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -777,7 +777,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -851,7 +851,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i32_u(const opgen_buf_t *bu
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -868,7 +868,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i32_u(const opgen_buf_t *bu
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -986,7 +986,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -1003,7 +1003,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -1077,7 +1077,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i64_u(const opgen_buf_t *bu
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -1094,7 +1094,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i64_u(const opgen_buf_t *bu
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -1212,7 +1212,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -1229,7 +1229,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -1303,7 +1303,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i16_u(const opgen_buf_t *bu
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -1320,7 +1320,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i16_u(const opgen_buf_t *bu
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -1438,7 +1438,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -1455,7 +1455,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -1529,7 +1529,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i8_u(const opgen_buf_t *buf
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -1546,7 +1546,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i8_u(const opgen_buf_t *buf
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -1664,7 +1664,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -1681,7 +1681,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -1755,7 +1755,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u8_u(const opgen_buf_t *buf
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -1772,7 +1772,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u8_u(const opgen_buf_t *buf
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -1890,7 +1890,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -1907,7 +1907,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -1981,7 +1981,7 @@ static opgen_status_t k_embedding_dense_backward_f32_bool_u(const opgen_buf_t *b
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -1998,7 +1998,7 @@ static opgen_status_t k_embedding_dense_backward_f32_bool_u(const opgen_buf_t *b
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -2116,7 +2116,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -2133,7 +2133,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -2207,7 +2207,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f32_u(const opgen_buf_t *bu
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -2224,7 +2224,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f32_u(const opgen_buf_t *bu
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -2342,7 +2342,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -2359,7 +2359,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -2433,7 +2433,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f16_u(const opgen_buf_t *bu
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -2450,7 +2450,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f16_u(const opgen_buf_t *bu
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -2568,7 +2568,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -2585,7 +2585,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -2659,7 +2659,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f64_u(const opgen_buf_t *bu
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -2676,7 +2676,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f64_u(const opgen_buf_t *bu
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -2794,7 +2794,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -2811,7 +2811,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -2885,7 +2885,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i32_u(const opgen_buf_t *bu
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -2902,7 +2902,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i32_u(const opgen_buf_t *bu
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -3020,7 +3020,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -3037,7 +3037,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -3111,7 +3111,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i64_u(const opgen_buf_t *bu
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -3128,7 +3128,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i64_u(const opgen_buf_t *bu
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -3246,7 +3246,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -3263,7 +3263,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -3337,7 +3337,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i16_u(const opgen_buf_t *bu
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -3354,7 +3354,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i16_u(const opgen_buf_t *bu
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -3472,7 +3472,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -3489,7 +3489,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -3563,7 +3563,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i8_u(const opgen_buf_t *buf
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -3580,7 +3580,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i8_u(const opgen_buf_t *buf
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -3698,7 +3698,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -3715,7 +3715,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -3789,7 +3789,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u8_u(const opgen_buf_t *buf
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -3806,7 +3806,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u8_u(const opgen_buf_t *buf
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -3924,7 +3924,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -3941,7 +3941,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -4015,7 +4015,7 @@ static opgen_status_t k_embedding_dense_backward_f16_bool_u(const opgen_buf_t *b
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -4032,7 +4032,7 @@ static opgen_status_t k_embedding_dense_backward_f16_bool_u(const opgen_buf_t *b
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -4150,7 +4150,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -4167,7 +4167,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -4241,7 +4241,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32_u(const opgen_buf_t *b
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -4258,7 +4258,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32_u(const opgen_buf_t *b
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -4376,7 +4376,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -4393,7 +4393,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -4467,7 +4467,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16_u(const opgen_buf_t *b
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -4484,7 +4484,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16_u(const opgen_buf_t *b
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -4602,7 +4602,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -4619,7 +4619,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -4693,7 +4693,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64_u(const opgen_buf_t *b
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -4710,7 +4710,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64_u(const opgen_buf_t *b
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -4828,7 +4828,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -4845,7 +4845,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -4919,7 +4919,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32_u(const opgen_buf_t *b
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -4936,7 +4936,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32_u(const opgen_buf_t *b
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -5054,7 +5054,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -5071,7 +5071,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -5145,7 +5145,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64_u(const opgen_buf_t *b
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -5162,7 +5162,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64_u(const opgen_buf_t *b
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -5280,7 +5280,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -5297,7 +5297,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -5371,7 +5371,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16_u(const opgen_buf_t *b
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -5388,7 +5388,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16_u(const opgen_buf_t *b
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -5506,7 +5506,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -5523,7 +5523,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -5597,7 +5597,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8_u(const opgen_buf_t *bu
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -5614,7 +5614,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8_u(const opgen_buf_t *bu
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -5732,7 +5732,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -5749,7 +5749,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -5823,7 +5823,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8_u(const opgen_buf_t *bu
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -5840,7 +5840,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8_u(const opgen_buf_t *bu
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -5958,7 +5958,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -5975,7 +5975,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);
@@ -6049,7 +6049,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_bool_u(const opgen_buf_t *
     const int64_t v12 = 0ll;
     const int64_t v13 = d_V;
     const int32_t v14 = 0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v12; i15 < v13; i15++) {
         t11[i15] = v14;
     }
@@ -6066,7 +6066,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_bool_u(const opgen_buf_t *
     const int64_t v25 = d_D;
     const float v26 = 1.0f;
     const float v27 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i28 = v20; i28 < v21; i28++) {
         float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l29, 0, sizeof(float) * (size_t)d_D);

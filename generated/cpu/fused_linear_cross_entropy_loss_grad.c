@@ -3,7 +3,7 @@
 #include <omp.h>
 
 static inline int opgen_thread(void) { return omp_get_thread_num(); }
-static inline int opgen_threads(void) { return omp_get_max_threads(); }
+static inline int opgen_threads(void) { return opgen_team_cap(); }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const float *restrict grad = (const float *)bufs[0].data;
@@ -135,7 +135,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -196,7 +196,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -309,7 +309,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -370,7 +370,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -562,7 +562,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -623,7 +623,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -736,7 +736,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -797,7 +797,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -989,7 +989,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -1050,7 +1050,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -1163,7 +1163,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -1224,7 +1224,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -1416,7 +1416,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -1477,7 +1477,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -1590,7 +1590,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -1651,7 +1651,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -1843,7 +1843,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -1904,7 +1904,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -2017,7 +2017,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i3
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -2078,7 +2078,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i3
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -2270,7 +2270,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -2331,7 +2331,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -2444,7 +2444,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i6
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -2505,7 +2505,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i6
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -2697,7 +2697,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -2758,7 +2758,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -2871,7 +2871,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -2932,7 +2932,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -3124,7 +3124,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -3185,7 +3185,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -3298,7 +3298,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -3359,7 +3359,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -3563,7 +3563,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -3639,7 +3639,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v85 = d_BT;
     const float v86 = 1.0f;
     const float v87 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -3772,7 +3772,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v17 = d_V;
     const float v18 = 1.0f;
     const float v19 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -3848,7 +3848,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v75 = d_BT;
     const float v76 = 1.0f;
     const float v77 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -4067,7 +4067,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -4143,7 +4143,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v85 = d_BT;
     const float v86 = 1.0f;
     const float v87 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -4276,7 +4276,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v17 = d_V;
     const float v18 = 1.0f;
     const float v19 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -4352,7 +4352,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v75 = d_BT;
     const float v76 = 1.0f;
     const float v77 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -4571,7 +4571,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -4647,7 +4647,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v85 = d_BT;
     const float v86 = 1.0f;
     const float v87 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -4780,7 +4780,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v17 = d_V;
     const float v18 = 1.0f;
     const float v19 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -4856,7 +4856,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v75 = d_BT;
     const float v76 = 1.0f;
     const float v77 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -5075,7 +5075,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -5151,7 +5151,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v85 = d_BT;
     const float v86 = 1.0f;
     const float v87 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -5284,7 +5284,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v17 = d_V;
     const float v18 = 1.0f;
     const float v19 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -5360,7 +5360,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v75 = d_BT;
     const float v76 = 1.0f;
     const float v77 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -5579,7 +5579,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -5655,7 +5655,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v85 = d_BT;
     const float v86 = 1.0f;
     const float v87 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -5788,7 +5788,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v17 = d_V;
     const float v18 = 1.0f;
     const float v19 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -5864,7 +5864,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v75 = d_BT;
     const float v76 = 1.0f;
     const float v77 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -6083,7 +6083,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -6159,7 +6159,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v85 = d_BT;
     const float v86 = 1.0f;
     const float v87 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -6292,7 +6292,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v17 = d_V;
     const float v18 = 1.0f;
     const float v19 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -6368,7 +6368,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v75 = d_BT;
     const float v76 = 1.0f;
     const float v77 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -6587,7 +6587,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -6663,7 +6663,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v85 = d_BT;
     const float v86 = 1.0f;
     const float v87 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -6796,7 +6796,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v17 = d_V;
     const float v18 = 1.0f;
     const float v19 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -6872,7 +6872,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v75 = d_BT;
     const float v76 = 1.0f;
     const float v77 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -7091,7 +7091,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -7167,7 +7167,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t v85 = d_BT;
     const float v86 = 1.0f;
     const float v87 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -7300,7 +7300,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v17 = d_V;
     const float v18 = 1.0f;
     const float v19 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -7376,7 +7376,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v75 = d_BT;
     const float v76 = 1.0f;
     const float v77 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -7589,7 +7589,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -7650,7 +7650,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -7765,7 +7765,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -7826,7 +7826,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -8024,7 +8024,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -8085,7 +8085,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -8200,7 +8200,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -8261,7 +8261,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -8459,7 +8459,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -8520,7 +8520,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -8635,7 +8635,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -8696,7 +8696,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -8894,7 +8894,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -8955,7 +8955,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -9070,7 +9070,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -9131,7 +9131,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -9329,7 +9329,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -9390,7 +9390,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -9505,7 +9505,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -9566,7 +9566,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -9764,7 +9764,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -9825,7 +9825,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -9940,7 +9940,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -10001,7 +10001,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -10199,7 +10199,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -10260,7 +10260,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -10375,7 +10375,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -10436,7 +10436,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -10634,7 +10634,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -10695,7 +10695,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -10810,7 +10810,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -10871,7 +10871,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -11069,7 +11069,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -11130,7 +11130,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -11245,7 +11245,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -11306,7 +11306,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -11504,7 +11504,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -11565,7 +11565,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -11680,7 +11680,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -11741,7 +11741,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -11939,7 +11939,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -12000,7 +12000,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -12115,7 +12115,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -12176,7 +12176,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -12374,7 +12374,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -12435,7 +12435,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -12550,7 +12550,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -12611,7 +12611,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -12809,7 +12809,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -12870,7 +12870,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -12985,7 +12985,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -13046,7 +13046,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -13244,7 +13244,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -13305,7 +13305,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -13420,7 +13420,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -13481,7 +13481,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -13679,7 +13679,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -13740,7 +13740,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -13855,7 +13855,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -13916,7 +13916,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -14114,7 +14114,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -14175,7 +14175,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -14290,7 +14290,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -14351,7 +14351,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -14555,7 +14555,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -14616,7 +14616,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -14733,7 +14733,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -14794,7 +14794,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -14998,7 +14998,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -15059,7 +15059,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -15176,7 +15176,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -15237,7 +15237,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -15441,7 +15441,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -15502,7 +15502,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -15619,7 +15619,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -15680,7 +15680,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -15884,7 +15884,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -15945,7 +15945,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -16062,7 +16062,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -16123,7 +16123,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -16327,7 +16327,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -16388,7 +16388,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -16505,7 +16505,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -16566,7 +16566,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -16770,7 +16770,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -16831,7 +16831,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -16948,7 +16948,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -17009,7 +17009,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -17213,7 +17213,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -17274,7 +17274,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -17391,7 +17391,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -17452,7 +17452,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;
@@ -17656,7 +17656,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v27 = 1.0f;
     const float v28 = 0.0f;
     const int64_t v29 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i30 = v21; i30 < v22; i30++) {
         const int64_t v31 = i30 * v23;
         const int64_t v32 = v31 + v23;
@@ -17717,7 +17717,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const float v74 = 1.0f;
     const float v75 = 0.0f;
     const int64_t v76 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i77 = v68; i77 < v69; i77++) {
         const int64_t v78 = i77 * v70;
         const int64_t v79 = v78 + v70;
@@ -17834,7 +17834,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v17 = 1.0f;
     const float v18 = 0.0f;
     const int64_t v19 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v11; i20 < v12; i20++) {
         const int64_t v21 = i20 * v13;
         const int64_t v22 = v21 + v13;
@@ -17895,7 +17895,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v64 = 1.0f;
     const float v65 = 0.0f;
     const int64_t v66 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v58; i67 < v59; i67++) {
         const int64_t v68 = i67 * v60;
         const int64_t v69 = v68 + v60;

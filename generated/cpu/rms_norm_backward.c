@@ -3,7 +3,7 @@
 #include <omp.h>
 
 static inline int opgen_thread(void) { return omp_get_thread_num(); }
-static inline int opgen_threads(void) { return omp_get_max_threads(); }
+static inline int opgen_threads(void) { return opgen_team_cap(); }
 
 static opgen_status_t k_rms_norm_backward_f16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const uint16_t *restrict grad_y = (const uint16_t *)bufs[0].data;
@@ -71,7 +71,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     const int64_t v6 = d_D;
     const float v7 = (float)(v6);
     const float v8 = eps;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i9 = v2; i9 < v3; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l10, 0, sizeof(float) * (size_t)d_D);
@@ -163,7 +163,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     const int64_t v60 = 0ll;
     const int64_t v61 = d_D;
     const int64_t v62 = ((d_N + 31) / 32);
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i63 = v60; i63 < v61; i63++) {
         float l64 = 0;
         for (int64_t i65 = v60; i65 < v62; i65++) {
@@ -208,7 +208,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     const int64_t v6 = d_D;
     const float v7 = (float)(v6);
     const float v8 = eps;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i9 = v2; i9 < v3; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l10, 0, sizeof(float) * (size_t)d_D);
@@ -300,7 +300,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     const int64_t v60 = 0ll;
     const int64_t v61 = d_D;
     const int64_t v62 = ((d_N + 31) / 32);
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i63 = v60; i63 < v61; i63++) {
         float l64 = 0;
         for (int64_t i65 = v60; i65 < v62; i65++) {
@@ -386,7 +386,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     const int64_t v6 = d_D;
     const float v7 = (float)(v6);
     const float v8 = eps;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i9 = v2; i9 < v3; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l10, 0, sizeof(float) * (size_t)d_D);
@@ -478,7 +478,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     const int64_t v60 = 0ll;
     const int64_t v61 = d_D;
     const int64_t v62 = ((d_N + 31) / 32);
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i63 = v60; i63 < v61; i63++) {
         float l64 = 0;
         for (int64_t i65 = v60; i65 < v62; i65++) {
@@ -523,7 +523,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     const int64_t v6 = d_D;
     const float v7 = (float)(v6);
     const float v8 = eps;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i9 = v2; i9 < v3; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l10, 0, sizeof(float) * (size_t)d_D);
@@ -615,7 +615,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     const int64_t v60 = 0ll;
     const int64_t v61 = d_D;
     const int64_t v62 = ((d_N + 31) / 32);
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i63 = v60; i63 < v61; i63++) {
         float l64 = 0;
         for (int64_t i65 = v60; i65 < v62; i65++) {
@@ -701,7 +701,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     const int64_t v6 = d_D;
     const float v7 = (float)(v6);
     const float v8 = eps;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i9 = v2; i9 < v3; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l10, 0, sizeof(float) * (size_t)d_D);
@@ -793,7 +793,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     const int64_t v60 = 0ll;
     const int64_t v61 = d_D;
     const int64_t v62 = ((d_N + 31) / 32);
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i63 = v60; i63 < v61; i63++) {
         float l64 = 0;
         for (int64_t i65 = v60; i65 < v62; i65++) {
@@ -838,7 +838,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     const int64_t v6 = d_D;
     const float v7 = (float)(v6);
     const float v8 = eps;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i9 = v2; i9 < v3; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l10, 0, sizeof(float) * (size_t)d_D);
@@ -930,7 +930,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     const int64_t v60 = 0ll;
     const int64_t v61 = d_D;
     const int64_t v62 = ((d_N + 31) / 32);
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i63 = v60; i63 < v61; i63++) {
         float l64 = 0;
         for (int64_t i65 = v60; i65 < v62; i65++) {
