@@ -411,12 +411,16 @@ class Acl:
 
     def tensor(self, a: np.ndarray, base: np.ndarray | None = None, dtype: int | None = None,
                fmt: int = ACL_FORMAT_ND) -> int:
-        """An aclTensor viewing ``a``; with ``base``, as a view ``offset`` elements into it."""
+        """An aclTensor viewing ``a``, ``offset`` elements into ``base`` (default: the array that owns
+        ``a``'s memory), whose elements are the storage (the view must lie inside it)."""
         dims = (c_int64 * max(a.ndim, 1))(*a.shape)
         strides = (c_int64 * max(a.ndim, 1))(*_elem_strides(a))
-        base = a if base is None else base
+        if base is None:
+            base = a
+            while isinstance(base.base, np.ndarray):
+                base = base.base
         offset = (a.ctypes.data - base.ctypes.data) // a.itemsize
-        storage = (c_int64 * 1)(base.size)
+        storage = (c_int64 * 1)(base.nbytes // a.itemsize)
         dt = dtypes.from_numpy(a.dtype).acl if dtype is None else dtype
         t = self.lib.aclCreateTensor(dims, a.ndim, dt, strides, offset, fmt, storage, 1, base.ctypes.data)
         assert t
