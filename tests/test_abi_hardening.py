@@ -6,7 +6,8 @@ ASan-preloaded interpreter). pytest runs each one in a subprocess
 (``python -m tests.test_abi_hardening NAME``), so a crash or a hang of the library is a test
 failure, not a dead test session: a check passes when the subprocess prints ``ok NAME``.
 ``test_bad_input_under_asan_and_ubsan`` runs the bad-input checks once more against the
-sanitized library (build/cpu/libopgen_asan.so, as in tests/test_cpu_sanitizers.py).
+sanitized library (build/cpu/libopgen_asan.so, as in tests/test_cpu_sanitizers.py), and
+``test_saturating_size_helpers`` compiles tests/c/sz_helpers.c against the runtime header.
 
 What is checked (statuses as documented in docs/facades.md):
 - a NULL workspace with a non-zero size: OPGEN_ERR_NULL / NULL_POINTER / PARAM_NULLPTR, nothing
@@ -631,10 +632,25 @@ BAD_INPUT_CHECKS = tuple(n for n in CHECKS if n not in THREAD_CHECKS)
 
 
 def main(argv: list[str]) -> int:
-    for name in argv or list(CHECKS):
-        CHECKS[name]()
+    """Run the named checks (all by default); with ``--keep-going``, run every one even after a
+    failure (reported as ``FAILED name: error``). Exit status 1 if any failed."""
+    import traceback
+
+    keep_going = "--keep-going" in argv
+    names = [a for a in argv if a != "--keep-going"] or list(CHECKS)
+    failed = 0
+    for name in names:
+        try:
+            CHECKS[name]()
+        except Exception as e:
+            if not keep_going:
+                raise
+            failed += 1
+            traceback.print_exc()
+            print(f"FAILED {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            continue
         print(f"ok {name}", flush=True)
-    return 0
+    return 1 if failed else 0
 
 
 def _run(names: list[str], env: dict[str, str] | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -649,6 +665,18 @@ def test_check(name: str) -> None:
     r = _run([name])
     assert r.returncode == 0 and f"ok {name}" in r.stdout, \
         f"rc={r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+
+
+def test_saturating_size_helpers(tmp_path) -> None:
+    """opgen_sz_mul / opgen_sz_add / opgen_sz_dim / opgen_align of generated/cpu/opgen_rt.h
+    (tests/c/sz_helpers.c): exact below the limit, SIZE_MAX (sticky) past it, never a wrap."""
+    exe = tmp_path / "sz_helpers"
+    cmd = [cc.compiler(), "-std=c11", "-Wall", "-Wextra", "-Werror", "-fopenmp", f"-I{REPO / 'generated' / 'cpu'}",
+           f"-I{REPO / 'generated' / 'include'}", str(REPO / "tests" / "c" / "sz_helpers.c"), "-o", str(exe)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "sz helpers ok" in r.stdout, r.stdout + r.stderr
 
 
 def _runtime_lib(name: str) -> str:
@@ -666,9 +694,11 @@ def test_bad_input_under_asan_and_ubsan() -> None:
     env.update({"LD_PRELOAD": f"{_runtime_lib('libasan.so')}:{_runtime_lib('libubsan.so')}",
                 "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:halt_on_error=1",
                 "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1", "OPGEN_LIB": str(so)})
-    r = _run(list(BAD_INPUT_CHECKS), env, timeout=300)
+    r = _run(["--keep-going", *BAD_INPUT_CHECKS], env, timeout=300)
     found = [m for m in ("ERROR: AddressSanitizer", "runtime error:") if m in r.stderr]
-    assert r.returncode == 0 and not found, f"rc={r.returncode} {found}\n{r.stdout[-3000:]}\n{r.stderr[:6000]}"
+    failed = [line for line in r.stdout.splitlines() if line.startswith("FAILED")]
+    assert r.returncode == 0 and not found and not failed, \
+        f"rc={r.returncode} {found}\n{chr(10).join(failed)}\n{r.stdout[-3000:]}\n{r.stderr[:6000]}"
     assert all(f"ok {n}" in r.stdout for n in BAD_INPUT_CHECKS), r.stdout
 
 
