@@ -105,7 +105,9 @@ def _bad_index_calls() -> list[tuple[str, dict[str, Any]]]:
     b["indices"][2, 3] = 11.0
     c = ebw_args(r, "i32", "f32", "bf16")
     c["indices"][-1] = -1
-    return [("embedding_backward", a), ("embedding_dense_backward", b), ("embedding_bw", c)]
+    d = flce_args(r, "bf16", "u8", "i32", "memory_saving", mask_p=0.0)
+    d["masked_target"][7] = 300  # V: out of range on a row inside the shard
+    return [("embedding_backward", a), ("embedding_dense_backward", b), ("embedding_bw", c), (FLCE, d)]
 
 
 def asan_cases() -> list[tuple[str, dict[str, Any], tuple[str, ...]]]:
@@ -147,8 +149,9 @@ def asan_cases() -> list[tuple[str, dict[str, Any], tuple[str, ...]]]:
     for T, M, TI, mode in (("bf16", "u8", "i32", "softmax"), ("f16", "bool", "i64", "memory_saving"),
                            ("bf16", "u8", "i64", "memory_saving")):
         add(FLCE, flce_args(r, T, M, TI, mode, BT=70, H=24, V=300, mask_extra=1))
-    a = flce_args(r, "bf16", "u8", "i32", "memory_saving", mask_p=0.0)
-    a["masked_target"][:4] = [300, -1, 2**31 - 1, -(2**31)]
+    a = flce_args(r, "bf16", "bool", "i32", "memory_saving", mask_p=0.0)
+    a["masked_target"][:4] = [300, -1, 2**31 - 1, -(2**31)]  # any value on rows outside the shard
+    a["target_mask"][:4] = True
     add(FLCE, a)
     a = flce_args(r, "f16", "u8", "i32", "softmax")
     a["input"] = np.ascontiguousarray(a["input"].T).T

@@ -4,7 +4,7 @@
 #include <omp.h>
 
 static inline int opgen_thread(void) { return omp_get_thread_num(); }
-static inline int opgen_threads(void) { return omp_get_max_threads(); }
+static inline int opgen_threads(void) { return opgen_team_cap(); }
 
 static opgen_status_t k_embedding_backward_f16_i8_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const uint16_t *restrict p_dy = (const uint16_t *)bufs[0].data;
@@ -36,10 +36,10 @@ static size_t k_embedding_backward_f16_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -91,7 +91,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -166,7 +166,7 @@ static opgen_status_t k_embedding_backward_f16_i8_u(const opgen_buf_t *bufs, con
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -229,10 +229,10 @@ static size_t k_embedding_backward_f16_i16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -284,7 +284,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -359,7 +359,7 @@ static opgen_status_t k_embedding_backward_f16_i16_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -422,10 +422,10 @@ static size_t k_embedding_backward_f16_i32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -477,7 +477,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -552,7 +552,7 @@ static opgen_status_t k_embedding_backward_f16_i32_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -615,10 +615,10 @@ static size_t k_embedding_backward_f16_i64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -670,7 +670,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_i
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -745,7 +745,7 @@ static opgen_status_t k_embedding_backward_f16_i64_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -808,10 +808,10 @@ static size_t k_embedding_backward_f16_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -863,7 +863,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -938,7 +938,7 @@ static opgen_status_t k_embedding_backward_f16_u8_u(const opgen_buf_t *bufs, con
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -1001,10 +1001,10 @@ static size_t k_embedding_backward_f16_u16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1056,7 +1056,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -1131,7 +1131,7 @@ static opgen_status_t k_embedding_backward_f16_u16_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -1194,10 +1194,10 @@ static size_t k_embedding_backward_f16_u32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1249,7 +1249,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -1324,7 +1324,7 @@ static opgen_status_t k_embedding_backward_f16_u32_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -1387,10 +1387,10 @@ static size_t k_embedding_backward_f16_u64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1442,7 +1442,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f16_u
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -1517,7 +1517,7 @@ static opgen_status_t k_embedding_backward_f16_u64_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -1580,10 +1580,10 @@ static size_t k_embedding_backward_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1635,7 +1635,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -1710,7 +1710,7 @@ static opgen_status_t k_embedding_backward_bf16_i8_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -1773,10 +1773,10 @@ static size_t k_embedding_backward_bf16_i16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1828,7 +1828,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -1903,7 +1903,7 @@ static opgen_status_t k_embedding_backward_bf16_i16_u(const opgen_buf_t *bufs, c
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -1966,10 +1966,10 @@ static size_t k_embedding_backward_bf16_i32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2021,7 +2021,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -2096,7 +2096,7 @@ static opgen_status_t k_embedding_backward_bf16_i32_u(const opgen_buf_t *bufs, c
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -2159,10 +2159,10 @@ static size_t k_embedding_backward_bf16_i64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2214,7 +2214,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -2289,7 +2289,7 @@ static opgen_status_t k_embedding_backward_bf16_i64_u(const opgen_buf_t *bufs, c
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -2352,10 +2352,10 @@ static size_t k_embedding_backward_bf16_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2407,7 +2407,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -2482,7 +2482,7 @@ static opgen_status_t k_embedding_backward_bf16_u8_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -2545,10 +2545,10 @@ static size_t k_embedding_backward_bf16_u16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2600,7 +2600,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -2675,7 +2675,7 @@ static opgen_status_t k_embedding_backward_bf16_u16_u(const opgen_buf_t *bufs, c
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -2738,10 +2738,10 @@ static size_t k_embedding_backward_bf16_u32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2793,7 +2793,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -2868,7 +2868,7 @@ static opgen_status_t k_embedding_backward_bf16_u32_u(const opgen_buf_t *bufs, c
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -2931,10 +2931,10 @@ static size_t k_embedding_backward_bf16_u64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2986,7 +2986,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_bf16_
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -3061,7 +3061,7 @@ static opgen_status_t k_embedding_backward_bf16_u64_u(const opgen_buf_t *bufs, c
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -3124,10 +3124,10 @@ static size_t k_embedding_backward_f32_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3179,7 +3179,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -3254,7 +3254,7 @@ static opgen_status_t k_embedding_backward_f32_i8_u(const opgen_buf_t *bufs, con
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -3317,10 +3317,10 @@ static size_t k_embedding_backward_f32_i16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3372,7 +3372,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -3447,7 +3447,7 @@ static opgen_status_t k_embedding_backward_f32_i16_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -3510,10 +3510,10 @@ static size_t k_embedding_backward_f32_i32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3565,7 +3565,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -3640,7 +3640,7 @@ static opgen_status_t k_embedding_backward_f32_i32_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -3703,10 +3703,10 @@ static size_t k_embedding_backward_f32_i64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3758,7 +3758,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_i
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -3833,7 +3833,7 @@ static opgen_status_t k_embedding_backward_f32_i64_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -3896,10 +3896,10 @@ static size_t k_embedding_backward_f32_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3951,7 +3951,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -4026,7 +4026,7 @@ static opgen_status_t k_embedding_backward_f32_u8_u(const opgen_buf_t *bufs, con
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -4089,10 +4089,10 @@ static size_t k_embedding_backward_f32_u16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -4144,7 +4144,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -4219,7 +4219,7 @@ static opgen_status_t k_embedding_backward_f32_u16_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -4282,10 +4282,10 @@ static size_t k_embedding_backward_f32_u32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -4337,7 +4337,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -4412,7 +4412,7 @@ static opgen_status_t k_embedding_backward_f32_u32_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -4475,10 +4475,10 @@ static size_t k_embedding_backward_f32_u64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -4530,7 +4530,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f32_u
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -4605,7 +4605,7 @@ static opgen_status_t k_embedding_backward_f32_u64_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -4668,10 +4668,10 @@ static size_t k_embedding_backward_f64_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -4723,7 +4723,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -4798,7 +4798,7 @@ static opgen_status_t k_embedding_backward_f64_i8_u(const opgen_buf_t *bufs, con
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -4861,10 +4861,10 @@ static size_t k_embedding_backward_f64_i16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -4916,7 +4916,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -4991,7 +4991,7 @@ static opgen_status_t k_embedding_backward_f64_i16_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -5054,10 +5054,10 @@ static size_t k_embedding_backward_f64_i32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -5109,7 +5109,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -5184,7 +5184,7 @@ static opgen_status_t k_embedding_backward_f64_i32_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -5247,10 +5247,10 @@ static size_t k_embedding_backward_f64_i64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -5302,7 +5302,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_i
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -5377,7 +5377,7 @@ static opgen_status_t k_embedding_backward_f64_i64_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -5440,10 +5440,10 @@ static size_t k_embedding_backward_f64_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -5495,7 +5495,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -5570,7 +5570,7 @@ static opgen_status_t k_embedding_backward_f64_u8_u(const opgen_buf_t *bufs, con
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -5633,10 +5633,10 @@ static size_t k_embedding_backward_f64_u16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -5688,7 +5688,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -5763,7 +5763,7 @@ static opgen_status_t k_embedding_backward_f64_u16_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -5826,10 +5826,10 @@ static size_t k_embedding_backward_f64_u32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -5881,7 +5881,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -5956,7 +5956,7 @@ static opgen_status_t k_embedding_backward_f64_u32_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -6019,10 +6019,10 @@ static size_t k_embedding_backward_f64_u64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -6074,7 +6074,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward_f64_u
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -6149,7 +6149,7 @@ static opgen_status_t k_embedding_backward_f64_u64_u(const opgen_buf_t *bufs, co
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -6212,10 +6212,10 @@ static size_t k_embedding_backward__i2_f16_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -6267,7 +6267,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -6341,7 +6341,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i8_u(const opgen_buf_t *bufs,
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -6404,10 +6404,10 @@ static size_t k_embedding_backward__i2_f16_i16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -6459,7 +6459,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -6533,7 +6533,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i16_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -6596,10 +6596,10 @@ static size_t k_embedding_backward__i2_f16_i32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -6651,7 +6651,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -6725,7 +6725,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i32_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -6788,10 +6788,10 @@ static size_t k_embedding_backward__i2_f16_i64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -6843,7 +6843,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -6917,7 +6917,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i64_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -6980,10 +6980,10 @@ static size_t k_embedding_backward__i2_f16_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -7035,7 +7035,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -7109,7 +7109,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u8_u(const opgen_buf_t *bufs,
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -7172,10 +7172,10 @@ static size_t k_embedding_backward__i2_f16_u16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -7227,7 +7227,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -7301,7 +7301,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u16_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -7364,10 +7364,10 @@ static size_t k_embedding_backward__i2_f16_u32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -7419,7 +7419,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -7493,7 +7493,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u32_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -7556,10 +7556,10 @@ static size_t k_embedding_backward__i2_f16_u64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -7611,7 +7611,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -7685,7 +7685,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u64_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -7748,10 +7748,10 @@ static size_t k_embedding_backward__i2_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -7803,7 +7803,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -7877,7 +7877,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i8_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -7940,10 +7940,10 @@ static size_t k_embedding_backward__i2_bf16_i16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -7995,7 +7995,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -8069,7 +8069,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i16_u(const opgen_buf_t *buf
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -8132,10 +8132,10 @@ static size_t k_embedding_backward__i2_bf16_i32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -8187,7 +8187,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -8261,7 +8261,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i32_u(const opgen_buf_t *buf
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -8324,10 +8324,10 @@ static size_t k_embedding_backward__i2_bf16_i64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -8379,7 +8379,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -8453,7 +8453,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i64_u(const opgen_buf_t *buf
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -8516,10 +8516,10 @@ static size_t k_embedding_backward__i2_bf16_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -8571,7 +8571,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -8645,7 +8645,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u8_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -8708,10 +8708,10 @@ static size_t k_embedding_backward__i2_bf16_u16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -8763,7 +8763,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -8837,7 +8837,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u16_u(const opgen_buf_t *buf
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -8900,10 +8900,10 @@ static size_t k_embedding_backward__i2_bf16_u32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -8955,7 +8955,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -9029,7 +9029,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u32_u(const opgen_buf_t *buf
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -9092,10 +9092,10 @@ static size_t k_embedding_backward__i2_bf16_u64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_bf16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -9147,7 +9147,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_b
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -9221,7 +9221,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u64_u(const opgen_buf_t *buf
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -9284,10 +9284,10 @@ static size_t k_embedding_backward__i2_f32_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -9339,7 +9339,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -9413,7 +9413,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i8_u(const opgen_buf_t *bufs,
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -9476,10 +9476,10 @@ static size_t k_embedding_backward__i2_f32_i16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -9531,7 +9531,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -9605,7 +9605,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i16_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -9668,10 +9668,10 @@ static size_t k_embedding_backward__i2_f32_i32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -9723,7 +9723,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -9797,7 +9797,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i32_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -9860,10 +9860,10 @@ static size_t k_embedding_backward__i2_f32_i64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -9915,7 +9915,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -9989,7 +9989,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i64_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -10052,10 +10052,10 @@ static size_t k_embedding_backward__i2_f32_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -10107,7 +10107,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -10181,7 +10181,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u8_u(const opgen_buf_t *bufs,
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -10244,10 +10244,10 @@ static size_t k_embedding_backward__i2_f32_u16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -10299,7 +10299,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -10373,7 +10373,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u16_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -10436,10 +10436,10 @@ static size_t k_embedding_backward__i2_f32_u32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -10491,7 +10491,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -10565,7 +10565,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u32_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -10628,10 +10628,10 @@ static size_t k_embedding_backward__i2_f32_u64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f32_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -10683,7 +10683,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -10757,7 +10757,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u64_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -10820,10 +10820,10 @@ static size_t k_embedding_backward__i2_f64_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -10875,7 +10875,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -10949,7 +10949,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i8_u(const opgen_buf_t *bufs,
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -11012,10 +11012,10 @@ static size_t k_embedding_backward__i2_f64_i16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -11067,7 +11067,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -11141,7 +11141,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i16_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -11204,10 +11204,10 @@ static size_t k_embedding_backward__i2_f64_i32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -11259,7 +11259,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -11333,7 +11333,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i32_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -11396,10 +11396,10 @@ static size_t k_embedding_backward__i2_f64_i64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -11451,7 +11451,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -11525,7 +11525,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i64_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -11588,10 +11588,10 @@ static size_t k_embedding_backward__i2_f64_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -11643,7 +11643,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -11717,7 +11717,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u8_u(const opgen_buf_t *bufs,
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -11780,10 +11780,10 @@ static size_t k_embedding_backward__i2_f64_u16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -11835,7 +11835,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -11909,7 +11909,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u16_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -11972,10 +11972,10 @@ static size_t k_embedding_backward__i2_f64_u32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -12027,7 +12027,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -12101,7 +12101,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u32_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -12164,10 +12164,10 @@ static size_t k_embedding_backward__i2_f64_u64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f64_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -12219,7 +12219,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_f
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -12293,7 +12293,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u64_u(const opgen_buf_t *bufs
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
@@ -12359,10 +12359,10 @@ static size_t k_embedding_backward__dtable2_f16_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -12417,7 +12417,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -12495,7 +12495,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i8_u(const opgen_buf_t *
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -12561,10 +12561,10 @@ static size_t k_embedding_backward__dtable2_f16_i16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -12619,7 +12619,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -12697,7 +12697,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i16_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -12763,10 +12763,10 @@ static size_t k_embedding_backward__dtable2_f16_i32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -12821,7 +12821,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -12899,7 +12899,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i32_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -12965,10 +12965,10 @@ static size_t k_embedding_backward__dtable2_f16_i64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -13023,7 +13023,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -13101,7 +13101,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i64_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -13167,10 +13167,10 @@ static size_t k_embedding_backward__dtable2_f16_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -13225,7 +13225,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -13303,7 +13303,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u8_u(const opgen_buf_t *
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -13369,10 +13369,10 @@ static size_t k_embedding_backward__dtable2_f16_u16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -13427,7 +13427,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -13505,7 +13505,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u16_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -13571,10 +13571,10 @@ static size_t k_embedding_backward__dtable2_f16_u32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -13629,7 +13629,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -13707,7 +13707,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u32_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -13773,10 +13773,10 @@ static size_t k_embedding_backward__dtable2_f16_u64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -13831,7 +13831,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -13909,7 +13909,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u64_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -13975,10 +13975,10 @@ static size_t k_embedding_backward__dtable2_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -14033,7 +14033,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -14111,7 +14111,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i8_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -14177,10 +14177,10 @@ static size_t k_embedding_backward__dtable2_bf16_i16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -14235,7 +14235,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -14313,7 +14313,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i16_u(const opgen_buf_t
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -14379,10 +14379,10 @@ static size_t k_embedding_backward__dtable2_bf16_i32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -14437,7 +14437,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -14515,7 +14515,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i32_u(const opgen_buf_t
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -14581,10 +14581,10 @@ static size_t k_embedding_backward__dtable2_bf16_i64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -14639,7 +14639,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -14717,7 +14717,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i64_u(const opgen_buf_t
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -14783,10 +14783,10 @@ static size_t k_embedding_backward__dtable2_bf16_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -14841,7 +14841,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -14919,7 +14919,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u8_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -14985,10 +14985,10 @@ static size_t k_embedding_backward__dtable2_bf16_u16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -15043,7 +15043,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -15121,7 +15121,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u16_u(const opgen_buf_t
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -15187,10 +15187,10 @@ static size_t k_embedding_backward__dtable2_bf16_u32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -15245,7 +15245,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -15323,7 +15323,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u32_u(const opgen_buf_t
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -15389,10 +15389,10 @@ static size_t k_embedding_backward__dtable2_bf16_u64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_bf16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -15447,7 +15447,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -15525,7 +15525,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u64_u(const opgen_buf_t
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -15591,10 +15591,10 @@ static size_t k_embedding_backward__dtable2_f32_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -15649,7 +15649,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -15727,7 +15727,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i8_u(const opgen_buf_t *
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -15793,10 +15793,10 @@ static size_t k_embedding_backward__dtable2_f32_i16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -15851,7 +15851,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -15929,7 +15929,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i16_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -15995,10 +15995,10 @@ static size_t k_embedding_backward__dtable2_f32_i32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -16053,7 +16053,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -16131,7 +16131,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i32_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -16197,10 +16197,10 @@ static size_t k_embedding_backward__dtable2_f32_i64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -16255,7 +16255,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -16333,7 +16333,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i64_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -16399,10 +16399,10 @@ static size_t k_embedding_backward__dtable2_f32_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -16457,7 +16457,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -16535,7 +16535,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u8_u(const opgen_buf_t *
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -16601,10 +16601,10 @@ static size_t k_embedding_backward__dtable2_f32_u16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -16659,7 +16659,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -16737,7 +16737,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u16_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -16803,10 +16803,10 @@ static size_t k_embedding_backward__dtable2_f32_u32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -16861,7 +16861,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -16939,7 +16939,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u32_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -17005,10 +17005,10 @@ static size_t k_embedding_backward__dtable2_f32_u64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f32_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -17063,7 +17063,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const float v24 = p_alpha1;
     const float v25 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(float) * (size_t)d_D);
@@ -17141,7 +17141,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u64_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const float v22 = p_alpha1;
     const float v23 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(float) * (size_t)d_D);
@@ -17207,10 +17207,10 @@ static size_t k_embedding_backward__dtable2_f64_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -17265,7 +17265,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -17343,7 +17343,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i8_u(const opgen_buf_t *
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -17409,10 +17409,10 @@ static size_t k_embedding_backward__dtable2_f64_i16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -17467,7 +17467,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -17545,7 +17545,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i16_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -17611,10 +17611,10 @@ static size_t k_embedding_backward__dtable2_f64_i32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -17669,7 +17669,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -17747,7 +17747,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i32_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -17813,10 +17813,10 @@ static size_t k_embedding_backward__dtable2_f64_i64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -17871,7 +17871,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -17949,7 +17949,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i64_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -18015,10 +18015,10 @@ static size_t k_embedding_backward__dtable2_f64_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -18073,7 +18073,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -18151,7 +18151,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u8_u(const opgen_buf_t *
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -18217,10 +18217,10 @@ static size_t k_embedding_backward__dtable2_f64_u16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -18275,7 +18275,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -18353,7 +18353,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u16_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -18419,10 +18419,10 @@ static size_t k_embedding_backward__dtable2_f64_u32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -18477,7 +18477,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -18555,7 +18555,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u32_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -18621,10 +18621,10 @@ static size_t k_embedding_backward__dtable2_f64_u64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtable2_f64_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -18679,7 +18679,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__dtab
     const int64_t v23 = 1ll;
     const double v24 = (double)(p_alpha1);
     const double v25 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i26 = v16; i26 < v19; i26++) {
         double *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l27, 0, sizeof(double) * (size_t)d_D);
@@ -18757,7 +18757,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u64_u(const opgen_buf_t 
     const int64_t v21 = 1ll;
     const double v22 = (double)(p_alpha1);
     const double v23 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i24 = v14; i24 < v17; i24++) {
         double *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l25, 0, sizeof(double) * (size_t)d_D);
@@ -18823,14 +18823,14 @@ static size_t k_embedding_backward__i2_dtable2_f16_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -18901,7 +18901,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -18934,7 +18934,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -19027,7 +19027,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8_u(const opgen_buf_
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -19060,7 +19060,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8_u(const opgen_buf_
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -19126,14 +19126,14 @@ static size_t k_embedding_backward__i2_dtable2_f16_i16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -19204,7 +19204,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -19237,7 +19237,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -19330,7 +19330,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16_u(const opgen_buf
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -19363,7 +19363,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16_u(const opgen_buf
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -19429,14 +19429,14 @@ static size_t k_embedding_backward__i2_dtable2_f16_i32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -19507,7 +19507,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -19540,7 +19540,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -19633,7 +19633,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32_u(const opgen_buf
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -19666,7 +19666,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32_u(const opgen_buf
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -19732,14 +19732,14 @@ static size_t k_embedding_backward__i2_dtable2_f16_i64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -19810,7 +19810,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -19843,7 +19843,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -19936,7 +19936,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64_u(const opgen_buf
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -19969,7 +19969,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64_u(const opgen_buf
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -20035,14 +20035,14 @@ static size_t k_embedding_backward__i2_dtable2_f16_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -20113,7 +20113,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -20146,7 +20146,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -20239,7 +20239,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8_u(const opgen_buf_
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -20272,7 +20272,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8_u(const opgen_buf_
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -20338,14 +20338,14 @@ static size_t k_embedding_backward__i2_dtable2_f16_u16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -20416,7 +20416,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -20449,7 +20449,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -20542,7 +20542,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16_u(const opgen_buf
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -20575,7 +20575,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16_u(const opgen_buf
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -20641,14 +20641,14 @@ static size_t k_embedding_backward__i2_dtable2_f16_u32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -20719,7 +20719,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -20752,7 +20752,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -20845,7 +20845,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32_u(const opgen_buf
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -20878,7 +20878,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32_u(const opgen_buf
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -20944,14 +20944,14 @@ static size_t k_embedding_backward__i2_dtable2_f16_u64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -21022,7 +21022,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -21055,7 +21055,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -21148,7 +21148,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64_u(const opgen_buf
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -21181,7 +21181,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64_u(const opgen_buf
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -21247,14 +21247,14 @@ static size_t k_embedding_backward__i2_dtable2_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -21325,7 +21325,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -21358,7 +21358,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -21451,7 +21451,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8_u(const opgen_buf
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -21484,7 +21484,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8_u(const opgen_buf
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -21550,14 +21550,14 @@ static size_t k_embedding_backward__i2_dtable2_bf16_i16_ws(const int64_t *dims) 
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -21628,7 +21628,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -21661,7 +21661,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -21754,7 +21754,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16_u(const opgen_bu
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -21787,7 +21787,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16_u(const opgen_bu
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -21853,14 +21853,14 @@ static size_t k_embedding_backward__i2_dtable2_bf16_i32_ws(const int64_t *dims) 
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -21931,7 +21931,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -21964,7 +21964,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -22057,7 +22057,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32_u(const opgen_bu
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -22090,7 +22090,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32_u(const opgen_bu
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -22156,14 +22156,14 @@ static size_t k_embedding_backward__i2_dtable2_bf16_i64_ws(const int64_t *dims) 
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -22234,7 +22234,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -22267,7 +22267,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -22360,7 +22360,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64_u(const opgen_bu
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -22393,7 +22393,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64_u(const opgen_bu
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -22459,14 +22459,14 @@ static size_t k_embedding_backward__i2_dtable2_bf16_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -22537,7 +22537,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -22570,7 +22570,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -22663,7 +22663,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8_u(const opgen_buf
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -22696,7 +22696,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8_u(const opgen_buf
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -22762,14 +22762,14 @@ static size_t k_embedding_backward__i2_dtable2_bf16_u16_ws(const int64_t *dims) 
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -22840,7 +22840,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -22873,7 +22873,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -22966,7 +22966,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16_u(const opgen_bu
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -22999,7 +22999,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16_u(const opgen_bu
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -23065,14 +23065,14 @@ static size_t k_embedding_backward__i2_dtable2_bf16_u32_ws(const int64_t *dims) 
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -23143,7 +23143,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -23176,7 +23176,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -23269,7 +23269,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32_u(const opgen_bu
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -23302,7 +23302,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32_u(const opgen_bu
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -23368,14 +23368,14 @@ static size_t k_embedding_backward__i2_dtable2_bf16_u64_ws(const int64_t *dims) 
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -23446,7 +23446,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -23479,7 +23479,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -23572,7 +23572,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64_u(const opgen_bu
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -23605,7 +23605,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64_u(const opgen_bu
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -23671,14 +23671,14 @@ static size_t k_embedding_backward__i2_dtable2_f32_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -23749,7 +23749,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -23782,7 +23782,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -23875,7 +23875,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8_u(const opgen_buf_
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -23908,7 +23908,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8_u(const opgen_buf_
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -23974,14 +23974,14 @@ static size_t k_embedding_backward__i2_dtable2_f32_i16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -24052,7 +24052,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -24085,7 +24085,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -24178,7 +24178,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16_u(const opgen_buf
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -24211,7 +24211,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16_u(const opgen_buf
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -24277,14 +24277,14 @@ static size_t k_embedding_backward__i2_dtable2_f32_i32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -24355,7 +24355,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -24388,7 +24388,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -24481,7 +24481,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32_u(const opgen_buf
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -24514,7 +24514,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32_u(const opgen_buf
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -24580,14 +24580,14 @@ static size_t k_embedding_backward__i2_dtable2_f32_i64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -24658,7 +24658,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -24691,7 +24691,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -24784,7 +24784,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64_u(const opgen_buf
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -24817,7 +24817,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64_u(const opgen_buf
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -24883,14 +24883,14 @@ static size_t k_embedding_backward__i2_dtable2_f32_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -24961,7 +24961,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -24994,7 +24994,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -25087,7 +25087,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8_u(const opgen_buf_
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -25120,7 +25120,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8_u(const opgen_buf_
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -25186,14 +25186,14 @@ static size_t k_embedding_backward__i2_dtable2_f32_u16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -25264,7 +25264,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -25297,7 +25297,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -25390,7 +25390,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16_u(const opgen_buf
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -25423,7 +25423,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16_u(const opgen_buf
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -25489,14 +25489,14 @@ static size_t k_embedding_backward__i2_dtable2_f32_u32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -25567,7 +25567,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -25600,7 +25600,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -25693,7 +25693,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32_u(const opgen_buf
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -25726,7 +25726,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32_u(const opgen_buf
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -25792,14 +25792,14 @@ static size_t k_embedding_backward__i2_dtable2_f32_u64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -25870,7 +25870,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -25903,7 +25903,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -25996,7 +25996,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64_u(const opgen_buf
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(float) * (size_t)d_D);
@@ -26029,7 +26029,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64_u(const opgen_buf
     const int64_t v55 = 1ll;
     const float v56 = p_alpha2;
     const float v57 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(float) * (size_t)d_D);
@@ -26095,14 +26095,14 @@ static size_t k_embedding_backward__i2_dtable2_f64_i8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -26173,7 +26173,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -26206,7 +26206,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);
@@ -26299,7 +26299,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8_u(const opgen_buf_
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -26332,7 +26332,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8_u(const opgen_buf_
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);
@@ -26398,14 +26398,14 @@ static size_t k_embedding_backward__i2_dtable2_f64_i16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -26476,7 +26476,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -26509,7 +26509,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);
@@ -26602,7 +26602,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16_u(const opgen_buf
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -26635,7 +26635,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16_u(const opgen_buf
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);
@@ -26701,14 +26701,14 @@ static size_t k_embedding_backward__i2_dtable2_f64_i32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -26779,7 +26779,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -26812,7 +26812,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);
@@ -26905,7 +26905,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32_u(const opgen_buf
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -26938,7 +26938,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32_u(const opgen_buf
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);
@@ -27004,14 +27004,14 @@ static size_t k_embedding_backward__i2_dtable2_f64_i64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -27082,7 +27082,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -27115,7 +27115,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);
@@ -27208,7 +27208,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64_u(const opgen_buf
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -27241,7 +27241,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64_u(const opgen_buf
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);
@@ -27307,14 +27307,14 @@ static size_t k_embedding_backward__i2_dtable2_f64_u8_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -27385,7 +27385,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -27418,7 +27418,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);
@@ -27511,7 +27511,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8_u(const opgen_buf_
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -27544,7 +27544,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8_u(const opgen_buf_
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);
@@ -27610,14 +27610,14 @@ static size_t k_embedding_backward__i2_dtable2_f64_u16_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -27688,7 +27688,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -27721,7 +27721,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);
@@ -27814,7 +27814,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16_u(const opgen_buf
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -27847,7 +27847,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16_u(const opgen_buf
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);
@@ -27913,14 +27913,14 @@ static size_t k_embedding_backward__i2_dtable2_f64_u32_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -27991,7 +27991,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -28024,7 +28024,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);
@@ -28117,7 +28117,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32_u(const opgen_buf
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -28150,7 +28150,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32_u(const opgen_buf
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);
@@ -28216,14 +28216,14 @@ static size_t k_embedding_backward__i2_dtable2_f64_u64_ws(const int64_t *dims) {
     const int64_t d_N1 = dims[2]; (void)d_N1;
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_dtable2_f64_u64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -28294,7 +28294,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -28327,7 +28327,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_backward__i2_d
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);
@@ -28420,7 +28420,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u64_u(const opgen_buf
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i32 = v22; i32 < v25; i32++) {
         double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l33, 0, sizeof(double) * (size_t)d_D);
@@ -28453,7 +28453,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u64_u(const opgen_buf
     const int64_t v55 = 1ll;
     const double v56 = (double)(p_alpha2);
     const double v57 = 0.0;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i58 = v48; i58 < v51; i58++) {
         double *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l59, 0, sizeof(double) * (size_t)d_D);

@@ -4,7 +4,7 @@
 #include <omp.h>
 
 static inline int opgen_thread(void) { return omp_get_thread_num(); }
-static inline int opgen_threads(void) { return omp_get_max_threads(); }
+static inline int opgen_threads(void) { return opgen_team_cap(); }
 
 static opgen_status_t k_embedding_bw_u32_f16_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const uint32_t *restrict p_indices = (const uint32_t *)bufs[0].data;
@@ -33,10 +33,10 @@ static size_t k_embedding_bw_u32_f16_bf16_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f16_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -84,7 +84,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f16_bf1
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -148,7 +148,7 @@ static opgen_status_t k_embedding_bw_u32_f16_bf16_u(const opgen_buf_t *bufs, con
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -204,10 +204,10 @@ static size_t k_embedding_bw_u32_f16_f32_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -255,7 +255,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f16_f32
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -319,7 +319,7 @@ static opgen_status_t k_embedding_bw_u32_f16_f32_u(const opgen_buf_t *bufs, cons
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -375,10 +375,10 @@ static size_t k_embedding_bw_u32_bf16_bf16_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_bf16_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -426,7 +426,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_bf16_bf
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -490,7 +490,7 @@ static opgen_status_t k_embedding_bw_u32_bf16_bf16_u(const opgen_buf_t *bufs, co
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -546,10 +546,10 @@ static size_t k_embedding_bw_u32_bf16_f32_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_bf16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -597,7 +597,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_bf16_f3
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -661,7 +661,7 @@ static opgen_status_t k_embedding_bw_u32_bf16_f32_u(const opgen_buf_t *bufs, con
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -717,10 +717,10 @@ static size_t k_embedding_bw_u32_f32_bf16_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f32_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -768,7 +768,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f32_bf1
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -832,7 +832,7 @@ static opgen_status_t k_embedding_bw_u32_f32_bf16_u(const opgen_buf_t *bufs, con
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -888,10 +888,10 @@ static size_t k_embedding_bw_u32_f32_f32_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f32_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -939,7 +939,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f32_f32
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -1003,7 +1003,7 @@ static opgen_status_t k_embedding_bw_u32_f32_f32_u(const opgen_buf_t *bufs, cons
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -1059,10 +1059,10 @@ static size_t k_embedding_bw_u32_f64_bf16_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f64_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1110,7 +1110,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f64_bf1
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -1174,7 +1174,7 @@ static opgen_status_t k_embedding_bw_u32_f64_bf16_u(const opgen_buf_t *bufs, con
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -1230,10 +1230,10 @@ static size_t k_embedding_bw_u32_f64_f32_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f64_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1281,7 +1281,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_u32_f64_f32
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -1345,7 +1345,7 @@ static opgen_status_t k_embedding_bw_u32_f64_f32_u(const opgen_buf_t *bufs, cons
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -1401,10 +1401,10 @@ static size_t k_embedding_bw_i32_f16_bf16_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f16_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1452,7 +1452,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f16_bf1
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -1516,7 +1516,7 @@ static opgen_status_t k_embedding_bw_i32_f16_bf16_u(const opgen_buf_t *bufs, con
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -1572,10 +1572,10 @@ static size_t k_embedding_bw_i32_f16_f32_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1623,7 +1623,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f16_f32
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -1687,7 +1687,7 @@ static opgen_status_t k_embedding_bw_i32_f16_f32_u(const opgen_buf_t *bufs, cons
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -1743,10 +1743,10 @@ static size_t k_embedding_bw_i32_bf16_bf16_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_bf16_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1794,7 +1794,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_bf16_bf
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -1858,7 +1858,7 @@ static opgen_status_t k_embedding_bw_i32_bf16_bf16_u(const opgen_buf_t *bufs, co
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -1914,10 +1914,10 @@ static size_t k_embedding_bw_i32_bf16_f32_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_bf16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1965,7 +1965,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_bf16_f3
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -2029,7 +2029,7 @@ static opgen_status_t k_embedding_bw_i32_bf16_f32_u(const opgen_buf_t *bufs, con
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -2085,10 +2085,10 @@ static size_t k_embedding_bw_i32_f32_bf16_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f32_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2136,7 +2136,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f32_bf1
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -2200,7 +2200,7 @@ static opgen_status_t k_embedding_bw_i32_f32_bf16_u(const opgen_buf_t *bufs, con
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -2256,10 +2256,10 @@ static size_t k_embedding_bw_i32_f32_f32_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f32_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2307,7 +2307,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f32_f32
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -2371,7 +2371,7 @@ static opgen_status_t k_embedding_bw_i32_f32_f32_u(const opgen_buf_t *bufs, cons
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -2427,10 +2427,10 @@ static size_t k_embedding_bw_i32_f64_bf16_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f64_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2478,7 +2478,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f64_bf1
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -2542,7 +2542,7 @@ static opgen_status_t k_embedding_bw_i32_f64_bf16_u(const opgen_buf_t *bufs, con
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -2598,10 +2598,10 @@ static size_t k_embedding_bw_i32_f64_f32_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f64_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2649,7 +2649,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i32_f64_f32
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -2713,7 +2713,7 @@ static opgen_status_t k_embedding_bw_i32_f64_f32_u(const opgen_buf_t *bufs, cons
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -2769,10 +2769,10 @@ static size_t k_embedding_bw_i64_f16_bf16_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f16_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2820,7 +2820,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f16_bf1
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -2884,7 +2884,7 @@ static opgen_status_t k_embedding_bw_i64_f16_bf16_u(const opgen_buf_t *bufs, con
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -2940,10 +2940,10 @@ static size_t k_embedding_bw_i64_f16_f32_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2991,7 +2991,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f16_f32
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -3055,7 +3055,7 @@ static opgen_status_t k_embedding_bw_i64_f16_f32_u(const opgen_buf_t *bufs, cons
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -3111,10 +3111,10 @@ static size_t k_embedding_bw_i64_bf16_bf16_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_bf16_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3162,7 +3162,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_bf16_bf
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -3226,7 +3226,7 @@ static opgen_status_t k_embedding_bw_i64_bf16_bf16_u(const opgen_buf_t *bufs, co
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -3282,10 +3282,10 @@ static size_t k_embedding_bw_i64_bf16_f32_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_bf16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3333,7 +3333,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_bf16_f3
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -3397,7 +3397,7 @@ static opgen_status_t k_embedding_bw_i64_bf16_f32_u(const opgen_buf_t *bufs, con
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -3453,10 +3453,10 @@ static size_t k_embedding_bw_i64_f32_bf16_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f32_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3504,7 +3504,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f32_bf1
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -3568,7 +3568,7 @@ static opgen_status_t k_embedding_bw_i64_f32_bf16_u(const opgen_buf_t *bufs, con
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -3624,10 +3624,10 @@ static size_t k_embedding_bw_i64_f32_f32_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f32_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3675,7 +3675,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f32_f32
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -3739,7 +3739,7 @@ static opgen_status_t k_embedding_bw_i64_f32_f32_u(const opgen_buf_t *bufs, cons
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -3795,10 +3795,10 @@ static size_t k_embedding_bw_i64_f64_bf16_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f64_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3846,7 +3846,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f64_bf1
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -3910,7 +3910,7 @@ static opgen_status_t k_embedding_bw_i64_f64_bf16_u(const opgen_buf_t *bufs, con
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -3966,10 +3966,10 @@ static size_t k_embedding_bw_i64_f64_f32_ws(const int64_t *dims) {
     const int64_t d_V = dims[1]; (void)d_V;
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f64_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -4017,7 +4017,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_i64_f64_f32
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);
@@ -4081,7 +4081,7 @@ static opgen_status_t k_embedding_bw_i64_f64_f32_u(const opgen_buf_t *bufs, cons
     opgen_seg_build(t1, d_N, v14, t16, t17);
     const int64_t v18 = d_N;
     const int64_t v19 = 1ll;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i20 = v12; i20 < v15; i20++) {
         float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l21, 0, sizeof(float) * (size_t)d_D);

@@ -4,7 +4,7 @@
 #include <omp.h>
 
 static inline int opgen_thread(void) { return omp_get_thread_num(); }
-static inline int opgen_threads(void) { return omp_get_max_threads(); }
+static inline int opgen_threads(void) { return opgen_team_cap(); }
 
 static opgen_status_t k_embedding_dense_backward_f32_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const float *restrict p_grad = (const float *)bufs[0].data;
@@ -34,10 +34,10 @@ static size_t k_embedding_dense_backward_f32_f32_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -88,7 +88,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -172,7 +172,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f32_u(const opgen_buf_t *bu
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -245,10 +245,10 @@ static size_t k_embedding_dense_backward_f32_f16_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_f16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -299,7 +299,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -383,7 +383,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f16_u(const opgen_buf_t *bu
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -456,10 +456,10 @@ static size_t k_embedding_dense_backward_f32_f64_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_f64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -510,7 +510,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -594,7 +594,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f64_u(const opgen_buf_t *bu
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -667,10 +667,10 @@ static size_t k_embedding_dense_backward_f32_i32_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -721,7 +721,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -805,7 +805,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i32_u(const opgen_buf_t *bu
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -878,10 +878,10 @@ static size_t k_embedding_dense_backward_f32_i64_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -932,7 +932,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -1016,7 +1016,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i64_u(const opgen_buf_t *bu
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -1089,10 +1089,10 @@ static size_t k_embedding_dense_backward_f32_i16_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1143,7 +1143,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -1227,7 +1227,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i16_u(const opgen_buf_t *bu
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -1300,10 +1300,10 @@ static size_t k_embedding_dense_backward_f32_i8_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1354,7 +1354,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -1438,7 +1438,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i8_u(const opgen_buf_t *buf
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -1511,10 +1511,10 @@ static size_t k_embedding_dense_backward_f32_u8_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1565,7 +1565,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -1649,7 +1649,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u8_u(const opgen_buf_t *buf
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -1722,10 +1722,10 @@ static size_t k_embedding_dense_backward_f32_bool_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f32_bool_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1776,7 +1776,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -1860,7 +1860,7 @@ static opgen_status_t k_embedding_dense_backward_f32_bool_u(const opgen_buf_t *b
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -1933,10 +1933,10 @@ static size_t k_embedding_dense_backward_f16_f32_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1987,7 +1987,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -2071,7 +2071,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f32_u(const opgen_buf_t *bu
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -2144,10 +2144,10 @@ static size_t k_embedding_dense_backward_f16_f16_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_f16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2198,7 +2198,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -2282,7 +2282,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f16_u(const opgen_buf_t *bu
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -2355,10 +2355,10 @@ static size_t k_embedding_dense_backward_f16_f64_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_f64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2409,7 +2409,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -2493,7 +2493,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f64_u(const opgen_buf_t *bu
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -2566,10 +2566,10 @@ static size_t k_embedding_dense_backward_f16_i32_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2620,7 +2620,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -2704,7 +2704,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i32_u(const opgen_buf_t *bu
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -2777,10 +2777,10 @@ static size_t k_embedding_dense_backward_f16_i64_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2831,7 +2831,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -2915,7 +2915,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i64_u(const opgen_buf_t *bu
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -2988,10 +2988,10 @@ static size_t k_embedding_dense_backward_f16_i16_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3042,7 +3042,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -3126,7 +3126,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i16_u(const opgen_buf_t *bu
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -3199,10 +3199,10 @@ static size_t k_embedding_dense_backward_f16_i8_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3253,7 +3253,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -3337,7 +3337,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i8_u(const opgen_buf_t *buf
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -3410,10 +3410,10 @@ static size_t k_embedding_dense_backward_f16_u8_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3464,7 +3464,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -3548,7 +3548,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u8_u(const opgen_buf_t *buf
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -3621,10 +3621,10 @@ static size_t k_embedding_dense_backward_f16_bool_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_f16_bool_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3675,7 +3675,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -3759,7 +3759,7 @@ static opgen_status_t k_embedding_dense_backward_f16_bool_u(const opgen_buf_t *b
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -3832,10 +3832,10 @@ static size_t k_embedding_dense_backward_bf16_f32_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3886,7 +3886,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -3970,7 +3970,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32_u(const opgen_buf_t *b
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -4043,10 +4043,10 @@ static size_t k_embedding_dense_backward_bf16_f16_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_f16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -4097,7 +4097,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -4181,7 +4181,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16_u(const opgen_buf_t *b
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -4254,10 +4254,10 @@ static size_t k_embedding_dense_backward_bf16_f64_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_f64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -4308,7 +4308,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -4392,7 +4392,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64_u(const opgen_buf_t *b
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -4465,10 +4465,10 @@ static size_t k_embedding_dense_backward_bf16_i32_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -4519,7 +4519,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -4603,7 +4603,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32_u(const opgen_buf_t *b
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -4676,10 +4676,10 @@ static size_t k_embedding_dense_backward_bf16_i64_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -4730,7 +4730,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -4814,7 +4814,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64_u(const opgen_buf_t *b
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -4887,10 +4887,10 @@ static size_t k_embedding_dense_backward_bf16_i16_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_i16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -4941,7 +4941,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -5025,7 +5025,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16_u(const opgen_buf_t *b
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -5098,10 +5098,10 @@ static size_t k_embedding_dense_backward_bf16_i8_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_i8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -5152,7 +5152,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -5236,7 +5236,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8_u(const opgen_buf_t *bu
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -5309,10 +5309,10 @@ static size_t k_embedding_dense_backward_bf16_u8_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_u8_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -5363,7 +5363,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -5447,7 +5447,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8_u(const opgen_buf_t *bu
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -5520,10 +5520,10 @@ static size_t k_embedding_dense_backward_bf16_bool_ws(const int64_t *dims) {
     const int64_t d_D = dims[1]; (void)d_D;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward_bf16_bool_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -5574,7 +5574,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
@@ -5658,7 +5658,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_bool_u(const opgen_buf_t *
     const int64_t v19 = 1ll;
     const float v20 = 1.0f;
     const float v21 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i22 = v12; i22 < v15; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);

@@ -10,11 +10,53 @@ static const int8_t acl_to_opgen[42] = { 11, 9, 1, 3, 5, -1, 2, 6, 7, 4, 8, 12, 
 static const size_t opgen_size[OPGEN_DTYPE_COUNT] = { 1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8, };
 
 /* ------------------------------------------------------------------------------ aclTensor */
+/* Bytes of one element of aclDataType `dt` (0: a type opgen has no equivalent for). */
+static size_t acl_itemsize(aclDataType dt) {
+    int d = ((int)dt >= 0 && (int)dt < 42) ? acl_to_opgen[dt] : -1;
+    return d < 0 ? 0 : opgen_size[d];
+}
+
+/* As in CANN, dims, storage dims and the offset are non-negative, and the view lies in the
+ * storage: NULL for a descriptor that cannot be addressed. Checked here, all arithmetic
+ * overflow-checked: the element offsets of the view (offset + sum of (dim - 1) * stride over the
+ * view's dims; negative strides are accepted) lie in [0, product of storageDims), and their byte
+ * offsets fit int64 (an empty view: 0 <= offset <= that product). */
 aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDimsNum, aclDataType dataType,
                            const int64_t *stride, int64_t offset, aclFormat format,
                            const int64_t *storageDims, uint64_t storageDimsNum, void *tensorData) {
     if ((viewDimsNum && !viewDims) || (storageDimsNum && !storageDims)) return NULL;
-    if (viewDimsNum > 1024 || storageDimsNum > 1024) return NULL;
+    if (viewDimsNum > 1024 || storageDimsNum > 1024 || offset < 0) return NULL;
+    int64_t storage = 1, step = 1;
+    int storage_empty = 0, view_empty = 0;
+    for (uint64_t i = 0; i < storageDimsNum; i++) {
+        if (storageDims[i] < 0) return NULL;
+        storage_empty |= storageDims[i] == 0;
+    }
+    for (uint64_t i = 0; i < storageDimsNum && !storage_empty; i++)
+        if (__builtin_mul_overflow(storage, storageDims[i], &storage)) return NULL;
+    if (storage_empty) storage = 0;
+    for (uint64_t i = 0; i < viewDimsNum; i++) {
+        if (viewDims[i] < 0) return NULL;
+        view_empty |= viewDims[i] == 0;
+    }
+    /* contiguous strides (stride NULL): suffix products of the view dims; 0 for an empty view */
+    for (uint64_t i = viewDimsNum; !stride && !view_empty && i-- > 1;)
+        if (__builtin_mul_overflow(step, viewDims[i], &step)) return NULL;
+    int64_t lo = offset, hi = offset, span;
+    if (view_empty) {
+        if (offset > storage) return NULL;
+    } else {
+        step = 1;
+        for (uint64_t i = viewDimsNum; i-- > 0;) {
+            int64_t s = stride ? stride[i] : step;
+            if (!stride && i > 0) step *= viewDims[i]; /* checked above */
+            if (__builtin_mul_overflow(viewDims[i] - 1, s, &span)) return NULL;
+            if (span < 0 ? __builtin_add_overflow(lo, span, &lo) : __builtin_add_overflow(hi, span, &hi)) return NULL;
+        }
+        if (lo < 0 || hi >= storage) return NULL;
+    }
+    int64_t bytes;
+    if (__builtin_mul_overflow(hi + (view_empty ? 0 : 1), (int64_t)acl_itemsize(dataType), &bytes)) return NULL;
     size_t n = (size_t)(2 * viewDimsNum + storageDimsNum);
     aclTensor *t = (aclTensor *)malloc(sizeof *t + sizeof(int64_t) * (n ? n : 1));
     if (!t) return NULL;
@@ -29,11 +71,11 @@ aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDimsNum, aclDat
     t->strides = buf + viewDimsNum;
     t->storage = buf + 2 * viewDimsNum;
     t->data = tensorData;
-    int64_t step = 1;
+    step = 1;
     for (uint64_t i = viewDimsNum; i-- > 0;) {
         t->view[i] = viewDims[i];
-        t->strides[i] = stride ? stride[i] : step;
-        step *= viewDims[i];
+        t->strides[i] = stride ? stride[i] : view_empty ? 0 : step;
+        if (!stride && !view_empty && i > 0) step *= viewDims[i]; /* checked above */
     }
     for (uint64_t i = 0; i < storageDimsNum; i++) t->storage[i] = storageDims[i];
     return t;
@@ -65,7 +107,7 @@ aclnnStatus aclGetViewOffset(const aclTensor *tensor, int64_t *offset) {
     return ACLNN_SUCCESS;
 }
 
-opgen_status_t opgen_aclnn_import(const aclTensor *src, opgen_aclnn_tensor_t *dst) {
+opgen_status_t opgen_aclnn_import(const aclTensor *src, opgen_aclnn_tensor_t *dst, const char *fn, const char *what) {
     if (src->magic != OPGEN_ACL_TENSOR_MAGIC) return opgen_fail(OPGEN_ERR_PARAM, "aclnn: not a live aclTensor");
     int dt = ((int)src->dtype >= 0 && (int)src->dtype < 42) ? acl_to_opgen[src->dtype] : -1;
     if (dt < 0) return opgen_fail(OPGEN_ERR_DTYPE, "aclnn: aclDataType %d is not supported", (int)src->dtype);
@@ -89,7 +131,11 @@ opgen_status_t opgen_aclnn_import(const aclTensor *src, opgen_aclnn_tensor_t *ds
         dst->shape[i] = src->view[i];
         dst->strides[i] = src->strides[i];
     }
+    /* aclCreateTensor checked that offset * itemsize fits */
     dst->t.data = src->data ? (void *)((char *)src->data + src->offset * (int64_t)opgen_size[dt]) : NULL;
+    if ((uintptr_t)dst->t.data % opgen_size[dt])
+        return opgen_fail(OPGEN_ERR_PARAM, "%s: %s data is not aligned to its element size (%zu bytes)", fn, what,
+                          opgen_size[dt]);
     dst->t.dtype = (opgen_dtype_t)dt;
     dst->t.ndim = (int32_t)src->ndim;
     dst->t.shape = dst->shape;

@@ -38,8 +38,9 @@ typedef struct {
 } opgen_aclnn_tensor_t;
 
 /* Copy `src`'s view into `dst`: OPGEN_ERR_DTYPE / OPGEN_ERR_SHAPE / OPGEN_ERR_PARAM (a layout
- * format other than a plain strided one, or not a live aclTensor). */
-opgen_status_t opgen_aclnn_import(const aclTensor *src, opgen_aclnn_tensor_t *dst);
+ * format other than a plain strided one, not a live aclTensor, or data not aligned to the element
+ * size). `fn` and `what` (the calling function, the argument) name it in the error message. */
+opgen_status_t opgen_aclnn_import(const aclTensor *src, opgen_aclnn_tensor_t *dst, const char *fn, const char *what);
 
 /* Enter `e` (freshly allocated) into the registry of live executors of op `tag`. */
 void opgen_aclnn_register(struct aclOpExecutor *e, uint32_t tag);

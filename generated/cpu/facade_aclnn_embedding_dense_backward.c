@@ -39,15 +39,22 @@ aclnnStatus aclnnEmbeddingDenseBackwardGetWorkspaceSize(const aclTensor *grad, c
     exec_t *e = (exec_t *)calloc(1, sizeof *e);
     if (!e) return map_status(opgen_fail(OPGEN_ERR_ALLOC, "aclnnEmbeddingDenseBackwardGetWorkspaceSize: out of memory"));
     const aclTensor *src[NT];
-    for (int k = 0; k < NT; k++) src[k] = NULL;
+    const char *name[NT];
+    for (int k = 0; k < NT; k++) {
+        src[k] = NULL;
+        name[k] = "";
+    }
     src[0] = grad;
+    name[0] = "grad";
     src[1] = indices;
+    name[1] = "indices";
     src[2] = out;
+    name[2] = "out";
     const opgen_tensor_t *tp[NT];
     for (int k = 0; k < NT; k++) {
         tp[k] = NULL;
         if (!src[k]) continue;
-        opgen_status_t st = opgen_aclnn_import(src[k], &e->t[k]);
+        opgen_status_t st = opgen_aclnn_import(src[k], &e->t[k], "aclnnEmbeddingDenseBackwardGetWorkspaceSize", name[k]);
         if (st != OPGEN_SUCCESS) {
             free(e);
             return map_status(st);

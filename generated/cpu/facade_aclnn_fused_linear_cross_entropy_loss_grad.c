@@ -37,22 +37,36 @@ aclnnStatus aclnnFusedLinearCrossEntropyLossGradGetWorkspaceSize(const aclTensor
     exec_t *e = (exec_t *)calloc(1, sizeof *e);
     if (!e) return map_status(opgen_fail(OPGEN_ERR_ALLOC, "aclnnFusedLinearCrossEntropyLossGradGetWorkspaceSize: out of memory"));
     const aclTensor *src[NT];
-    for (int k = 0; k < NT; k++) src[k] = NULL;
+    const char *name[NT];
+    for (int k = 0; k < NT; k++) {
+        src[k] = NULL;
+        name[k] = "";
+    }
     src[0] = grad;
+    name[0] = "grad";
     src[1] = input;
+    name[1] = "input";
     src[2] = weight;
+    name[2] = "weight";
     src[3] = targetMask;
+    name[3] = "targetMask";
     src[4] = maskedTarget;
+    name[4] = "maskedTarget";
     src[5] = logitsMaxOptional;
+    name[5] = "logitsMaxOptional";
     src[6] = sumExpLogitsOptional;
+    name[6] = "sumExpLogitsOptional";
     src[7] = softmaxOptional;
+    name[7] = "softmaxOptional";
     src[8] = inputGradOut;
+    name[8] = "inputGradOut";
     src[9] = weightGradOut;
+    name[9] = "weightGradOut";
     const opgen_tensor_t *tp[NT];
     for (int k = 0; k < NT; k++) {
         tp[k] = NULL;
         if (!src[k]) continue;
-        opgen_status_t st = opgen_aclnn_import(src[k], &e->t[k]);
+        opgen_status_t st = opgen_aclnn_import(src[k], &e->t[k], "aclnnFusedLinearCrossEntropyLossGradGetWorkspaceSize", name[k]);
         if (st != OPGEN_SUCCESS) {
             free(e);
             return map_status(st);

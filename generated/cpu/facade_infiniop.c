@@ -54,6 +54,16 @@ infiniStatus_t infiniopCreateTensorDescriptor(infiniopTensorDescriptor_t *desc_p
             opgen_fail(OPGEN_ERR_SHAPE, "infiniopCreateTensorDescriptor: dim %zu is too large", i);
             return INFINI_STATUS_BAD_TENSOR_SHAPE;
         }
+    /* contiguous strides (strides NULL): suffix products, overflow-checked; a stride that does
+       not fit int64 cannot address the tensor. An empty tensor's strides mean nothing (0 then). */
+    int empty = 0;
+    for (size_t i = 0; i < ndim; i++) empty |= shape[i] == 0;
+    int64_t step = 1;
+    for (size_t i = ndim; !strides && !empty && i-- > 1;)
+        if (__builtin_mul_overflow(step, (int64_t)shape[i], &step)) {
+            opgen_fail(OPGEN_ERR_SHAPE, "infiniopCreateTensorDescriptor: contiguous strides of this shape overflow int64");
+            return INFINI_STATUS_BAD_TENSOR_SHAPE;
+        }
     struct InfiniopTensorDescriptor *d = (struct InfiniopTensorDescriptor *)malloc(sizeof *d);
     int64_t *buf = (int64_t *)malloc(sizeof(int64_t) * 2 * (ndim ? ndim : 1));
     if (!d || !buf) {
@@ -65,11 +75,11 @@ infiniStatus_t infiniopCreateTensorDescriptor(infiniopTensorDescriptor_t *desc_p
     d->ndim = ndim;
     d->shape = buf;
     d->strides = buf + ndim;
-    int64_t step = 1;
+    step = 1;
     for (size_t i = ndim; i-- > 0;) {
         d->shape[i] = (int64_t)shape[i];
-        d->strides[i] = strides ? (int64_t)strides[i] : step;
-        step *= (int64_t)shape[i];
+        d->strides[i] = strides ? (int64_t)strides[i] : empty ? 0 : step;
+        if (i > 0 && !strides && !empty) step *= (int64_t)shape[i]; /* checked above */
     }
     *desc_ptr = d;
     return INFINI_STATUS_SUCCESS;

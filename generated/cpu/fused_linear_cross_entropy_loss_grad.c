@@ -4,7 +4,7 @@
 #include <omp.h>
 
 static inline int opgen_thread(void) { return omp_get_thread_num(); }
-static inline int opgen_threads(void) { return omp_get_max_threads(); }
+static inline int opgen_threads(void) { return opgen_team_cap(); }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const float *restrict p_grad = (const float *)bufs[0].data;
@@ -63,12 +63,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_ws(cons
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -141,15 +141,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -202,15 +202,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -328,15 +328,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -389,15 +389,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -516,12 +516,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_ws(cons
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -594,15 +594,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -655,15 +655,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -781,15 +781,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -842,15 +842,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -969,12 +969,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_ws(co
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1047,15 +1047,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -1108,15 +1108,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -1234,15 +1234,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -1295,15 +1295,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -1422,12 +1422,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_ws(co
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1500,15 +1500,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -1561,15 +1561,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -1687,15 +1687,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -1748,15 +1748,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -1875,12 +1875,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_ws(con
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1953,15 +1953,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -2014,15 +2014,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -2140,15 +2140,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i3
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -2201,15 +2201,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i3
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -2328,12 +2328,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_ws(con
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2406,15 +2406,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -2467,15 +2467,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -2593,15 +2593,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i6
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -2654,15 +2654,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i6
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -2781,12 +2781,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_ws(c
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -2859,15 +2859,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -2920,15 +2920,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -3046,15 +3046,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -3107,15 +3107,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -3234,12 +3234,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_ws(c
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3312,15 +3312,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -3373,15 +3373,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -3499,15 +3499,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -3560,15 +3560,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -3689,16 +3689,16 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -3777,15 +3777,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
     const int64_t v36 = d_H;
-    const int64_t v37 = ((d_V + 255) / 256);
+    const int64_t v37 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v38 = d_V;
     const float v39 = 1.0f;
     const float v40 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -3853,15 +3853,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v90 = 0ll;
-    const int64_t v91 = ((d_V + 255) / 256);
+    const int64_t v91 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v92 = 256ll;
     const int64_t v93 = d_V;
     const int64_t v94 = d_H;
-    const int64_t v95 = ((d_BT + 255) / 256);
+    const int64_t v95 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v96 = d_BT;
     const float v97 = 1.0f;
     const float v98 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i99 = v90; i99 < v91; i99++) {
         const int64_t v100 = i99 * v92;
         const int64_t v101 = v100 + v92;
@@ -3999,15 +3999,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
     const int64_t v26 = d_H;
-    const int64_t v27 = ((d_V + 255) / 256);
+    const int64_t v27 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v28 = d_V;
     const float v29 = 1.0f;
     const float v30 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -4075,15 +4075,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v80 = 0ll;
-    const int64_t v81 = ((d_V + 255) / 256);
+    const int64_t v81 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v82 = 256ll;
     const int64_t v83 = d_V;
     const int64_t v84 = d_H;
-    const int64_t v85 = ((d_BT + 255) / 256);
+    const int64_t v85 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v86 = d_BT;
     const float v87 = 1.0f;
     const float v88 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i89 = v80; i89 < v81; i89++) {
         const int64_t v90 = i89 * v82;
         const int64_t v91 = v90 + v82;
@@ -4219,16 +4219,16 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -4307,15 +4307,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
     const int64_t v36 = d_H;
-    const int64_t v37 = ((d_V + 255) / 256);
+    const int64_t v37 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v38 = d_V;
     const float v39 = 1.0f;
     const float v40 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -4383,15 +4383,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v90 = 0ll;
-    const int64_t v91 = ((d_V + 255) / 256);
+    const int64_t v91 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v92 = 256ll;
     const int64_t v93 = d_V;
     const int64_t v94 = d_H;
-    const int64_t v95 = ((d_BT + 255) / 256);
+    const int64_t v95 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v96 = d_BT;
     const float v97 = 1.0f;
     const float v98 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i99 = v90; i99 < v91; i99++) {
         const int64_t v100 = i99 * v92;
         const int64_t v101 = v100 + v92;
@@ -4529,15 +4529,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
     const int64_t v26 = d_H;
-    const int64_t v27 = ((d_V + 255) / 256);
+    const int64_t v27 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v28 = d_V;
     const float v29 = 1.0f;
     const float v30 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -4605,15 +4605,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v80 = 0ll;
-    const int64_t v81 = ((d_V + 255) / 256);
+    const int64_t v81 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v82 = 256ll;
     const int64_t v83 = d_V;
     const int64_t v84 = d_H;
-    const int64_t v85 = ((d_BT + 255) / 256);
+    const int64_t v85 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v86 = d_BT;
     const float v87 = 1.0f;
     const float v88 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i89 = v80; i89 < v81; i89++) {
         const int64_t v90 = i89 * v82;
         const int64_t v91 = v90 + v82;
@@ -4749,16 +4749,16 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -4837,15 +4837,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
     const int64_t v36 = d_H;
-    const int64_t v37 = ((d_V + 255) / 256);
+    const int64_t v37 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v38 = d_V;
     const float v39 = 1.0f;
     const float v40 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -4913,15 +4913,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v90 = 0ll;
-    const int64_t v91 = ((d_V + 255) / 256);
+    const int64_t v91 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v92 = 256ll;
     const int64_t v93 = d_V;
     const int64_t v94 = d_H;
-    const int64_t v95 = ((d_BT + 255) / 256);
+    const int64_t v95 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v96 = d_BT;
     const float v97 = 1.0f;
     const float v98 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i99 = v90; i99 < v91; i99++) {
         const int64_t v100 = i99 * v92;
         const int64_t v101 = v100 + v92;
@@ -5059,15 +5059,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
     const int64_t v26 = d_H;
-    const int64_t v27 = ((d_V + 255) / 256);
+    const int64_t v27 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v28 = d_V;
     const float v29 = 1.0f;
     const float v30 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -5135,15 +5135,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v80 = 0ll;
-    const int64_t v81 = ((d_V + 255) / 256);
+    const int64_t v81 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v82 = 256ll;
     const int64_t v83 = d_V;
     const int64_t v84 = d_H;
-    const int64_t v85 = ((d_BT + 255) / 256);
+    const int64_t v85 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v86 = d_BT;
     const float v87 = 1.0f;
     const float v88 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i89 = v80; i89 < v81; i89++) {
         const int64_t v90 = i89 * v82;
         const int64_t v91 = v90 + v82;
@@ -5279,16 +5279,16 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -5367,15 +5367,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
     const int64_t v36 = d_H;
-    const int64_t v37 = ((d_V + 255) / 256);
+    const int64_t v37 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v38 = d_V;
     const float v39 = 1.0f;
     const float v40 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -5443,15 +5443,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v90 = 0ll;
-    const int64_t v91 = ((d_V + 255) / 256);
+    const int64_t v91 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v92 = 256ll;
     const int64_t v93 = d_V;
     const int64_t v94 = d_H;
-    const int64_t v95 = ((d_BT + 255) / 256);
+    const int64_t v95 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v96 = d_BT;
     const float v97 = 1.0f;
     const float v98 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i99 = v90; i99 < v91; i99++) {
         const int64_t v100 = i99 * v92;
         const int64_t v101 = v100 + v92;
@@ -5589,15 +5589,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
     const int64_t v26 = d_H;
-    const int64_t v27 = ((d_V + 255) / 256);
+    const int64_t v27 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v28 = d_V;
     const float v29 = 1.0f;
     const float v30 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -5665,15 +5665,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v80 = 0ll;
-    const int64_t v81 = ((d_V + 255) / 256);
+    const int64_t v81 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v82 = 256ll;
     const int64_t v83 = d_V;
     const int64_t v84 = d_H;
-    const int64_t v85 = ((d_BT + 255) / 256);
+    const int64_t v85 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v86 = d_BT;
     const float v87 = 1.0f;
     const float v88 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i89 = v80; i89 < v81; i89++) {
         const int64_t v90 = i89 * v82;
         const int64_t v91 = v90 + v82;
@@ -5809,16 +5809,16 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -5897,15 +5897,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
     const int64_t v36 = d_H;
-    const int64_t v37 = ((d_V + 255) / 256);
+    const int64_t v37 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v38 = d_V;
     const float v39 = 1.0f;
     const float v40 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -5973,15 +5973,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v90 = 0ll;
-    const int64_t v91 = ((d_V + 255) / 256);
+    const int64_t v91 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v92 = 256ll;
     const int64_t v93 = d_V;
     const int64_t v94 = d_H;
-    const int64_t v95 = ((d_BT + 255) / 256);
+    const int64_t v95 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v96 = d_BT;
     const float v97 = 1.0f;
     const float v98 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i99 = v90; i99 < v91; i99++) {
         const int64_t v100 = i99 * v92;
         const int64_t v101 = v100 + v92;
@@ -6119,15 +6119,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
     const int64_t v26 = d_H;
-    const int64_t v27 = ((d_V + 255) / 256);
+    const int64_t v27 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v28 = d_V;
     const float v29 = 1.0f;
     const float v30 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -6195,15 +6195,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v80 = 0ll;
-    const int64_t v81 = ((d_V + 255) / 256);
+    const int64_t v81 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v82 = 256ll;
     const int64_t v83 = d_V;
     const int64_t v84 = d_H;
-    const int64_t v85 = ((d_BT + 255) / 256);
+    const int64_t v85 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v86 = d_BT;
     const float v87 = 1.0f;
     const float v88 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i89 = v80; i89 < v81; i89++) {
         const int64_t v90 = i89 * v82;
         const int64_t v91 = v90 + v82;
@@ -6339,16 +6339,16 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -6427,15 +6427,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
     const int64_t v36 = d_H;
-    const int64_t v37 = ((d_V + 255) / 256);
+    const int64_t v37 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v38 = d_V;
     const float v39 = 1.0f;
     const float v40 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -6503,15 +6503,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v90 = 0ll;
-    const int64_t v91 = ((d_V + 255) / 256);
+    const int64_t v91 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v92 = 256ll;
     const int64_t v93 = d_V;
     const int64_t v94 = d_H;
-    const int64_t v95 = ((d_BT + 255) / 256);
+    const int64_t v95 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v96 = d_BT;
     const float v97 = 1.0f;
     const float v98 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i99 = v90; i99 < v91; i99++) {
         const int64_t v100 = i99 * v92;
         const int64_t v101 = v100 + v92;
@@ -6649,15 +6649,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
     const int64_t v26 = d_H;
-    const int64_t v27 = ((d_V + 255) / 256);
+    const int64_t v27 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v28 = d_V;
     const float v29 = 1.0f;
     const float v30 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -6725,15 +6725,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v80 = 0ll;
-    const int64_t v81 = ((d_V + 255) / 256);
+    const int64_t v81 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v82 = 256ll;
     const int64_t v83 = d_V;
     const int64_t v84 = d_H;
-    const int64_t v85 = ((d_BT + 255) / 256);
+    const int64_t v85 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v86 = d_BT;
     const float v87 = 1.0f;
     const float v88 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i89 = v80; i89 < v81; i89++) {
         const int64_t v90 = i89 * v82;
         const int64_t v91 = v90 + v82;
@@ -6869,16 +6869,16 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -6957,15 +6957,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
     const int64_t v36 = d_H;
-    const int64_t v37 = ((d_V + 255) / 256);
+    const int64_t v37 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v38 = d_V;
     const float v39 = 1.0f;
     const float v40 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -7033,15 +7033,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v90 = 0ll;
-    const int64_t v91 = ((d_V + 255) / 256);
+    const int64_t v91 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v92 = 256ll;
     const int64_t v93 = d_V;
     const int64_t v94 = d_H;
-    const int64_t v95 = ((d_BT + 255) / 256);
+    const int64_t v95 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v96 = d_BT;
     const float v97 = 1.0f;
     const float v98 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i99 = v90; i99 < v91; i99++) {
         const int64_t v100 = i99 * v92;
         const int64_t v101 = v100 + v92;
@@ -7179,15 +7179,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
     const int64_t v26 = d_H;
-    const int64_t v27 = ((d_V + 255) / 256);
+    const int64_t v27 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v28 = d_V;
     const float v29 = 1.0f;
     const float v30 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -7255,15 +7255,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v80 = 0ll;
-    const int64_t v81 = ((d_V + 255) / 256);
+    const int64_t v81 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v82 = 256ll;
     const int64_t v83 = d_V;
     const int64_t v84 = d_H;
-    const int64_t v85 = ((d_BT + 255) / 256);
+    const int64_t v85 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v86 = d_BT;
     const float v87 = 1.0f;
     const float v88 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i89 = v80; i89 < v81; i89++) {
         const int64_t v90 = i89 * v82;
         const int64_t v91 = v90 + v82;
@@ -7399,16 +7399,16 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -7487,15 +7487,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
     const int64_t v36 = d_H;
-    const int64_t v37 = ((d_V + 255) / 256);
+    const int64_t v37 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v38 = d_V;
     const float v39 = 1.0f;
     const float v40 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -7563,15 +7563,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v90 = 0ll;
-    const int64_t v91 = ((d_V + 255) / 256);
+    const int64_t v91 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v92 = 256ll;
     const int64_t v93 = d_V;
     const int64_t v94 = d_H;
-    const int64_t v95 = ((d_BT + 255) / 256);
+    const int64_t v95 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v96 = d_BT;
     const float v97 = 1.0f;
     const float v98 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i99 = v90; i99 < v91; i99++) {
         const int64_t v100 = i99 * v92;
         const int64_t v101 = v100 + v92;
@@ -7709,15 +7709,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
     const int64_t v26 = d_H;
-    const int64_t v27 = ((d_V + 255) / 256);
+    const int64_t v27 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v28 = d_V;
     const float v29 = 1.0f;
     const float v30 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -7785,15 +7785,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v80 = 0ll;
-    const int64_t v81 = ((d_V + 255) / 256);
+    const int64_t v81 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v82 = 256ll;
     const int64_t v83 = d_V;
     const int64_t v84 = d_H;
-    const int64_t v85 = ((d_BT + 255) / 256);
+    const int64_t v85 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v86 = d_BT;
     const float v87 = 1.0f;
     const float v88 = 0.0f;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i89 = v80; i89 < v81; i89++) {
         const int64_t v90 = i89 * v82;
         const int64_t v91 = v90 + v82;
@@ -7930,12 +7930,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -8011,15 +8011,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -8072,15 +8072,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -8200,15 +8200,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -8261,15 +8261,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -8391,12 +8391,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -8472,15 +8472,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -8533,15 +8533,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -8661,15 +8661,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -8722,15 +8722,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -8852,12 +8852,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_boo
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -8933,15 +8933,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -8994,15 +8994,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -9122,15 +9122,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -9183,15 +9183,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -9313,12 +9313,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_boo
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -9394,15 +9394,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -9455,15 +9455,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -9583,15 +9583,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -9644,15 +9644,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -9774,12 +9774,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -9855,15 +9855,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -9916,15 +9916,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -10044,15 +10044,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -10105,15 +10105,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -10235,12 +10235,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -10316,15 +10316,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -10377,15 +10377,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -10505,15 +10505,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -10566,15 +10566,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -10696,12 +10696,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bo
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -10777,15 +10777,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -10838,15 +10838,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -10966,15 +10966,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -11027,15 +11027,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -11157,12 +11157,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bo
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -11238,15 +11238,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -11299,15 +11299,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -11427,15 +11427,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -11488,15 +11488,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -11618,12 +11618,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -11699,15 +11699,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -11760,15 +11760,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -11888,15 +11888,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -11949,15 +11949,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -12079,12 +12079,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -12160,15 +12160,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -12221,15 +12221,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -12349,15 +12349,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -12410,15 +12410,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -12540,12 +12540,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -12621,15 +12621,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -12682,15 +12682,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -12810,15 +12810,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -12871,15 +12871,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -13001,12 +13001,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -13082,15 +13082,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -13143,15 +13143,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -13271,15 +13271,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -13332,15 +13332,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -13462,12 +13462,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf1
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -13543,15 +13543,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -13604,15 +13604,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -13732,15 +13732,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -13793,15 +13793,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -13923,12 +13923,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf1
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -14004,15 +14004,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -14065,15 +14065,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -14193,15 +14193,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -14254,15 +14254,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -14384,12 +14384,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf1
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -14465,15 +14465,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -14526,15 +14526,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -14654,15 +14654,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -14715,15 +14715,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -14845,12 +14845,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf1
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -14926,15 +14926,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -14987,15 +14987,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -15115,15 +15115,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -15176,15 +15176,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -15309,12 +15309,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -15393,15 +15393,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -15454,15 +15454,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -15584,15 +15584,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -15645,15 +15645,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -15778,12 +15778,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -15862,15 +15862,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -15923,15 +15923,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -16053,15 +16053,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -16114,15 +16114,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -16247,12 +16247,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -16331,15 +16331,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -16392,15 +16392,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -16522,15 +16522,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -16583,15 +16583,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -16716,12 +16716,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -16800,15 +16800,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -16861,15 +16861,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -16991,15 +16991,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -17052,15 +17052,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -17185,12 +17185,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -17269,15 +17269,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -17330,15 +17330,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -17460,15 +17460,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -17521,15 +17521,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -17654,12 +17654,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -17738,15 +17738,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -17799,15 +17799,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -17929,15 +17929,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -17990,15 +17990,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -18123,12 +18123,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -18207,15 +18207,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -18268,15 +18268,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -18398,15 +18398,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -18459,15 +18459,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;
@@ -18592,12 +18592,12 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -18676,15 +18676,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         if (!(v31)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v32 = 0ll;
-    const int64_t v33 = ((d_BT + 255) / 256);
+    const int64_t v33 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v34 = 256ll;
     const int64_t v35 = d_BT;
-    const int64_t v36 = ((d_V + 255) / 256);
+    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v37 = d_V;
     const float v38 = 1.0f;
     const float v39 = 0.0f;
     const int64_t v40 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i41 = v32; i41 < v33; i41++) {
         const int64_t v42 = i41 * v34;
         const int64_t v43 = v42 + v34;
@@ -18737,15 +18737,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
         }
     }
     const int64_t v79 = 0ll;
-    const int64_t v80 = ((d_V + 255) / 256);
+    const int64_t v80 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v81 = 256ll;
     const int64_t v82 = d_V;
-    const int64_t v83 = ((d_BT + 255) / 256);
+    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v84 = d_BT;
     const float v85 = 1.0f;
     const float v86 = 0.0f;
     const int64_t v87 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i88 = v79; i88 < v80; i88++) {
         const int64_t v89 = i88 * v81;
         const int64_t v90 = v89 + v81;
@@ -18867,15 +18867,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v21)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v22 = 0ll;
-    const int64_t v23 = ((d_BT + 255) / 256);
+    const int64_t v23 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v24 = 256ll;
     const int64_t v25 = d_BT;
-    const int64_t v26 = ((d_V + 255) / 256);
+    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v27 = d_V;
     const float v28 = 1.0f;
     const float v29 = 0.0f;
     const int64_t v30 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i31 = v22; i31 < v23; i31++) {
         const int64_t v32 = i31 * v24;
         const int64_t v33 = v32 + v24;
@@ -18928,15 +18928,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     const int64_t v69 = 0ll;
-    const int64_t v70 = ((d_V + 255) / 256);
+    const int64_t v70 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v71 = 256ll;
     const int64_t v72 = d_V;
-    const int64_t v73 = ((d_BT + 255) / 256);
+    const int64_t v73 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v74 = d_BT;
     const float v75 = 1.0f;
     const float v76 = 0.0f;
     const int64_t v77 = d_H;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i78 = v69; i78 < v70; i78++) {
         const int64_t v79 = i78 * v71;
         const int64_t v80 = v79 + v71;

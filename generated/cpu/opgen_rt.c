@@ -1,7 +1,10 @@
 /* opgen_rt.c — argument binding, validation and dispatch shared by every op. Generated. */
 #include "opgen_rt.h"
 
+#include <omp.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -33,15 +36,45 @@ opgen_status_t opgen_fail(opgen_status_t st, const char *fmt, ...) {
     return st;
 }
 
-void opgen_segments(const int64_t *idx, int64_t n, int64_t rows, int64_t *start, int64_t *order) {
-    for (int64_t v = 0; v <= rows; v++) start[v] = 0;
-    for (int64_t i = 0; i < n; i++) start[idx[i] + 1]++;
-    for (int64_t v = 0; v < rows; v++) start[v + 1] += start[v];
-    /* fill each segment from its end backwards: positions inside a segment increase with i */
-    for (int64_t i = n - 1; i >= 0; i--) order[--start[idx[i] + 1]] = i;
-    /* start[v + 1] now holds the beginning of segment v */
-    for (int64_t v = 0; v < rows; v++) start[v] = start[v + 1];
-    start[rows] = n;
+/* ---- threads: a fixed per-process cap; 1 thread in a fork() child once a pool has run ---- */
+static atomic_int opgen_cap;       /* 0 until decided */
+static atomic_int opgen_pool_used; /* this library has opened a region of 2+ threads */
+static atomic_int opgen_forked;    /* a fork() child of a process where that happened */
+
+int opgen_team_cap(void) {
+    int cap = atomic_load_explicit(&opgen_cap, memory_order_acquire);
+    if (cap > 0) return cap;
+    int n = omp_get_max_threads();
+    int limit = omp_get_thread_limit();
+    if (limit > 0 && n > limit) n = limit;
+    if (n < 1) n = 1;
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&opgen_cap, &expected, n)) n = expected; /* another thread won */
+    return n;
+}
+
+int opgen_team(void) {
+    if (atomic_load_explicit(&opgen_forked, memory_order_relaxed)) return 1;
+    int n = omp_get_max_threads(), cap = opgen_team_cap();
+    if (n > cap) n = cap;
+    if (n <= 1) return 1;
+    if (!atomic_load_explicit(&opgen_pool_used, memory_order_relaxed))
+        atomic_store_explicit(&opgen_pool_used, 1, memory_order_relaxed);
+    return n;
+}
+
+/* libgomp's thread pool does not survive fork(): in the child, a region of 2+ threads waits
+   forever for the parent's workers; a region of one thread never touches the pool. */
+static void opgen_atfork_child(void) {
+    if (atomic_load_explicit(&opgen_pool_used, memory_order_relaxed))
+        atomic_store_explicit(&opgen_forked, 1, memory_order_relaxed);
+}
+
+/* Decide the cap while the library is loaded (OMP_NUM_THREADS, else the cores libgomp sees),
+   before any caller can change its own thread's omp_set_num_threads. */
+__attribute__((constructor)) static void opgen_rt_init(void) {
+    (void)opgen_team_cap();
+    pthread_atfork(NULL, NULL, opgen_atfork_child);
 }
 
 /* ---- f32 GEMM: packed panels and an MR x NR register tile (auto-vectorised) ---- */
@@ -100,8 +133,11 @@ void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
     }
     int64_t kc_max = k < OPGEN_KC ? k : OPGEN_KC;
     int64_t npan = (n + OPGEN_NR - 1) / OPGEN_NR;
-    float *pa = (float *)malloc(sizeof(float) * OPGEN_MR * (size_t)kc_max);
-    float *pb = (float *)malloc(sizeof(float) * OPGEN_NR * (size_t)kc_max * (size_t)npan);
+    /* saturating sizes: panels that do not fit fall back to the triple loop */
+    size_t na = opgen_sz_mul(sizeof(float) * OPGEN_MR, (size_t)kc_max);
+    size_t nb = opgen_sz_mul(opgen_sz_mul(sizeof(float) * OPGEN_NR, (size_t)kc_max), (size_t)npan);
+    float *pa = na == SIZE_MAX ? NULL : (float *)malloc(na);
+    float *pb = nb == SIZE_MAX ? NULL : (float *)malloc(nb);
     if (!pa || !pb) { /* fall back to the plain triple loop */
         free(pa);
         free(pb);
@@ -131,21 +167,59 @@ void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
     free(pb);
 }
 
-typedef struct {
-    int64_t lo, hi; /* byte extent [lo, hi) of a tensor's elements, hi == lo when empty */
-} opgen_extent_t;
+#define OPGEN_WS_ALIGN ((size_t)64)
 
-static opgen_extent_t extent_of(const opgen_tensor_t *t, size_t itemsize, const int64_t *strides) {
-    opgen_extent_t e = {(int64_t)(intptr_t)t->data, (int64_t)(intptr_t)t->data};
-    int64_t lo = 0, hi = 0;
+/* Byte extent [lo, hi) of a non-empty tensor's elements relative to its data pointer. */
+typedef struct {
+    int64_t lo, hi;
+} opgen_span_t;
+
+/* The extent of a tensor with no dim 0 (strides st, in elements); 0 when it does not fit in int64.
+ * Every element offset of the tensor lies inside it, so once it fits, offset arithmetic on
+ * in-range indices (row tables, kernels) cannot overflow either. */
+static int opgen_span_of(const opgen_tensor_t *t, const int64_t *st, size_t itemsize, opgen_span_t *out) {
+    int64_t lo = 0, hi = 0, span;
     for (int i = 0; i < t->ndim; i++) {
-        if (t->shape[i] == 0) return e;
-        int64_t span = (t->shape[i] - 1) * strides[i];
-        if (span < 0) lo += span; else hi += span;
+        if (__builtin_mul_overflow(t->shape[i] - 1, st[i], &span)) return 0;
+        if (span < 0 ? __builtin_add_overflow(lo, span, &lo) : __builtin_add_overflow(hi, span, &hi)) return 0;
     }
-    e.lo += lo * (int64_t)itemsize;
-    e.hi += (hi + 1) * (int64_t)itemsize;
-    return e;
+    if (__builtin_mul_overflow(lo, (int64_t)itemsize, &out->lo) || __builtin_add_overflow(hi, 1, &hi) ||
+        __builtin_mul_overflow(hi, (int64_t)itemsize, &out->hi))
+        return 0;
+    return 1;
+}
+
+/* 1 when no two index tuples of a tensor (shape, strides st; no dim 0; extent known to fit) map
+ * to the same element. Sufficient test: ordered by |stride|, each dim of size > 1 must step past
+ * the farthest offset the smaller dims reach, |st_k| > sum_{j<k} |st_j| * (size_j - 1). It is
+ * exact for every layout made by permuting, slicing, padding or flipping a dense tensor; a layout
+ * it cannot prove free of overlaps (some interleavings are) is refused. */
+static int opgen_distinct(int ndim, const int64_t *shape, const int64_t *st) {
+    uint64_t mag[OPGEN_MAX_RANK];
+    int64_t len[OPGEN_MAX_RANK];
+    int n = 0;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] <= 1) continue;
+        uint64_t m = st[i] < 0 ? (uint64_t)0 - (uint64_t)st[i] : (uint64_t)st[i];
+        int j = n++;
+        for (; j > 0 && mag[j - 1] > m; j--) {
+            mag[j] = mag[j - 1];
+            len[j] = len[j - 1];
+        }
+        mag[j] = m;
+        len[j] = shape[i];
+    }
+    uint64_t reach = 0; /* <= the extent in elements: no overflow */
+    for (int j = 0; j < n; j++) {
+        if (mag[j] <= reach) return 0;
+        reach += mag[j] * (uint64_t)(len[j] - 1);
+    }
+    return 1;
+}
+
+/* x rounded up to a multiple of OPGEN_WS_ALIGN; SIZE_MAX (sticky) when it does not fit. */
+static size_t opgen_ws_round(size_t x) {
+    return x > SIZE_MAX - (OPGEN_WS_ALIGN - 1) ? SIZE_MAX : (x + (OPGEN_WS_ALIGN - 1)) & ~(OPGEN_WS_ALIGN - 1);
 }
 
 static const size_t opgen_itemsize[OPGEN_DTYPE_COUNT] = { 1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8, };
@@ -161,16 +235,24 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
     int64_t strides_buf[OPGEN_MAX_PARAMS][OPGEN_MAX_RANK];
     opgen_buf_t bufs[OPGEN_MAX_PARAMS];
     int n_batch_rows[OPGEN_MAX_PARAMS]; /* params whose rows need an offset table: their nb */
+    int nonempty[OPGEN_MAX_PARAMS];     /* a present tensor with at least one element */
+    opgen_span_t span[OPGEN_MAX_PARAMS];
+    uintptr_t abs_lo[OPGEN_MAX_PARAMS], abs_hi[OPGEN_MAX_PARAMS]; /* its bytes (run calls only) */
+    size_t tbl_off[OPGEN_MAX_PARAMS];   /* workspace offset of its row-offset table */
     uint32_t present = 0;
     int opt_k = 0;
     opgen_err[0] = 0;
     for (int v = 0; v < OPGEN_MAX_VARS; v++) dtypes[v] = -1;
     for (int d = 0; d < OPGEN_MAX_DIMS; d++) bshape_rank[d] = -1;
     memset(bufs, 0, sizeof bufs);
+    memset(span, 0, sizeof span);
+    memset(abs_lo, 0, sizeof abs_lo);
+    memset(abs_hi, 0, sizeof abs_hi);
 
     for (int k = 0; k < op->n_params; k++) {
         const opgen_param_t *p = &op->params[k];
         n_batch_rows[k] = 0;
+        nonempty[k] = 0;
         if (p->kind == OPGEN_P_SIZE) {
             int64_t v = scalars[k].i;
             if (v < 0) return opgen_fail(OPGEN_ERR_PARAM, "%s: %s must be >= 0", op->name, p->name);
@@ -200,6 +282,7 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
                 return opgen_fail(OPGEN_ERR_DTYPE, "%s: %s's dtype differs from another tensor of the same type",
                                   op->name, p->name);
         }
+        const size_t itemsize = opgen_itemsize[t->dtype];
         int nb = 1;  /* physical axes of logical dim 0 */
         if (p->batch) {
             nb = t->ndim - (p->rank - 1);
@@ -211,16 +294,28 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
         }
         if (t->ndim > OPGEN_MAX_RANK || (t->ndim > 0 && !t->shape))
             return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s has a bad shape", op->name, p->name);
-        /* strides: given or contiguous */
-        int64_t *st = strides_buf[k];
+        /* element count: exact (0 when a dim is 0, whatever the others) */
         int64_t numel = 1;
-        for (int i = t->ndim - 1; i >= 0; i--) {
+        for (int i = 0; i < t->ndim; i++) {
             if (t->shape[i] < 0) return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s has a negative dim", op->name, p->name);
-            st[i] = t->strides ? t->strides[i] : numel;
+            if (t->shape[i] == 0) numel = 0;
+        }
+        for (int i = 0; i < t->ndim && numel; i++)
             if (__builtin_mul_overflow(numel, t->shape[i], &numel))
                 return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s has too many elements", op->name, p->name);
+        /* strides: given or contiguous; an empty tensor's strides mean nothing (numpy gives them
+           as 0): they are taken as 0, and no stride rule applies */
+        int64_t *st = strides_buf[k], step = 1;
+        for (int i = t->ndim - 1; i >= 0; i--) {
+            st[i] = numel == 0 ? 0 : t->strides ? t->strides[i] : step;
+            if (numel) step *= t->shape[i]; /* a suffix product of a non-empty tensor: fits */
         }
-        /* an empty tensor's strides mean nothing (numpy gives them as 0): no stride rules */
+        if (numel > 0) {
+            nonempty[k] = 1;
+            if (!opgen_span_of(t, st, itemsize, &span[k]))
+                return opgen_fail(OPGEN_ERR_STRIDES, "%s: %s's strides reach beyond the int64 range", op->name,
+                                  p->name);
+        }
         if (p->last_contig && t->ndim > 0 && numel > 0 && t->shape[t->ndim - 1] > 1 && st[t->ndim - 1] != 1)
             return opgen_fail(OPGEN_ERR_STRIDES, "%s: %s's last dim must be contiguous", op->name, p->name);
         if (p->is_output && numel > 0) {
@@ -228,13 +323,28 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
                 if (st[i] == 0 && t->shape[i] > 1)
                     return opgen_fail(OPGEN_ERR_STRIDES, "%s: output %s has a broadcast (0) stride",
                                       op->name, p->name);
+            if (!opgen_distinct(t->ndim, t->shape, st))
+                return opgen_fail(OPGEN_ERR_STRIDES, "%s: output %s has overlapping elements (its strides "
+                                  "do not give each element its own address)", op->name, p->name);
         }
-        if (!t->data && numel > 0 && !validate_only)
-            return opgen_fail(OPGEN_ERR_NULL, "%s: %s has no data", op->name, p->name);
+        if (numel > 0 && !validate_only) {
+            if (!t->data) return opgen_fail(OPGEN_ERR_NULL, "%s: %s has no data", op->name, p->name);
+            if ((uintptr_t)t->data % itemsize)
+                return opgen_fail(OPGEN_ERR_PARAM, "%s: %s data is not aligned to its element size (%zu bytes)",
+                                  op->name, p->name, itemsize);
+            uintptr_t base = (uintptr_t)t->data, down = (uintptr_t)0 - (uintptr_t)span[k].lo;
+            if (down > base || (uintptr_t)span[k].hi > UINTPTR_MAX - base)
+                return opgen_fail(OPGEN_ERR_PARAM, "%s: %s's elements wrap around the address space", op->name,
+                                  p->name);
+            abs_lo[k] = base - down;
+            abs_hi[k] = base + (uintptr_t)span[k].hi;
+        }
         /* dims */
         int64_t rows = 1;
         if (p->batch) {
-            for (int i = 0; i < nb; i++) rows *= t->shape[i];
+            for (int i = 0; i < nb; i++)
+                if (__builtin_mul_overflow(rows, t->shape[i], &rows))
+                    return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s has too many rows", op->name, p->name);
             int d = p->dims[0];
             if (bshape_rank[d] < 0) {
                 bshape_rank[d] = nb;
@@ -269,7 +379,8 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
         int64_t s0 = 0;
         for (int i = 0; i < nb; i++) {
             if (t->shape[i] == 1) continue;
-            if (last >= 0 && st[last] != st[i] * t->shape[i]) coalesced = 0;
+            int64_t step;
+            if (last >= 0 && (__builtin_mul_overflow(st[i], t->shape[i], &step) || st[last] != step)) coalesced = 0;
             last = i;
             s0 = st[i];
         }
@@ -286,15 +397,14 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
     /* outputs must not overlap inputs (unless declared as may-alias and identical) */
     for (int k = 0; k < op->n_params && !validate_only; k++) {
         const opgen_param_t *p = &op->params[k];
-        if (p->kind != OPGEN_P_TENSOR || !p->is_output || !tensors[k]) continue;
-        opgen_extent_t eo = extent_of(tensors[k], opgen_itemsize[tensors[k]->dtype], strides_buf[k]);
+        if (p->kind != OPGEN_P_TENSOR || !p->is_output || !nonempty[k]) continue;
         for (int j = 0; j < op->n_params; j++) {
-            if (j == k || op->params[j].kind != OPGEN_P_TENSOR || !tensors[j]) continue;
-            opgen_extent_t ei = extent_of(tensors[j], opgen_itemsize[tensors[j]->dtype], strides_buf[j]);
-            if (eo.hi <= ei.lo || ei.hi <= eo.lo || eo.hi == eo.lo || ei.hi == ei.lo) continue;
+            if (j == k || op->params[j].kind != OPGEN_P_TENSOR || !nonempty[j]) continue;
+            if (abs_hi[k] <= abs_lo[j] || abs_hi[j] <= abs_lo[k]) continue;
             int ok = 0;
             for (int a = 0; a < op->n_alias; a++)
                 if (op->alias[a][0] == k && op->alias[a][1] == j && tensors[j]->data == tensors[k]->data &&
+                    tensors[j]->dtype == tensors[k]->dtype &&
                     !memcmp(strides_buf[j], strides_buf[k], sizeof(int64_t) * (size_t)tensors[k]->ndim))
                     ok = 1;
             if (!ok)
@@ -315,31 +425,50 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
         if (match) ke = &var->kernels[i];
     }
     if (!ke) return opgen_fail(OPGEN_ERR_DTYPE, "%s: no kernel for this dtype combination", op->name);
-    /* workspace: kernel temporaries, then row-offset tables */
-    size_t need = opgen_align(ke->ws(dims));
-    for (int k = 0; k < op->n_params; k++)
-        if (n_batch_rows[k]) need += opgen_align(sizeof(int64_t) * (size_t)dims[op->params[k].dims[0]]);
+    /* workspace layout from an aligned base: kernel temporaries, then the row-offset tables, each at
+       a multiple of OPGEN_WS_ALIGN. `need` adds OPGEN_WS_ALIGN - 1 bytes of slack, so that a
+       workspace at any address holds the layout once its base is rounded up. All in saturating
+       arithmetic: a size that does not fit is a shape error, never a short workspace. */
+    const size_t kws = ke->ws(dims);
+    size_t total = opgen_ws_round(kws);
+    for (int k = 0; k < op->n_params; k++) {
+        tbl_off[k] = total;
+        if (n_batch_rows[k])
+            total = opgen_sz_add(total, opgen_ws_round(opgen_sz_mul(sizeof(int64_t),
+                                                                     opgen_sz_dim(dims[op->params[k].dims[0]]))));
+    }
+    const size_t need = total ? opgen_sz_add(total, OPGEN_WS_ALIGN - 1) : 0;
+    if (kws == SIZE_MAX || need > (size_t)PTRDIFF_MAX)
+        return opgen_fail(OPGEN_ERR_SHAPE, "%s: workspace size overflows size_t", op->name);
     opgen_status_t pre = ke->pre(bufs, dims, scalars);
     if (pre != OPGEN_SUCCESS) return pre;
     if (ws_needed) *ws_needed = need;
     if (validate_only) return OPGEN_SUCCESS;
+    /* the workspace: the caller's (base rounded up to OPGEN_WS_ALIGN), or, given NULL and size 0,
+       our own */
     void *own = NULL;
-    if (!ws && ws_size == 0 && need > 0) {
-        own = ws = aligned_alloc(64, need);
-        if (!ws) return opgen_fail(OPGEN_ERR_ALLOC, "%s: cannot allocate %zu bytes of workspace", op->name, need);
-        ws_size = need;
+    char *w = NULL;
+    if (need > 0) {
+        if (!ws && ws_size == 0) {
+            own = aligned_alloc(OPGEN_WS_ALIGN, total); /* total: a multiple of the alignment */
+            if (!own) return opgen_fail(OPGEN_ERR_ALLOC, "%s: cannot allocate %zu bytes of workspace", op->name, total);
+            w = (char *)own;
+        } else if (ws_size < need) {
+            return opgen_fail(OPGEN_ERR_WORKSPACE, "%s: workspace of %zu bytes, %zu needed", op->name, ws_size, need);
+        } else if (!ws) {
+            return opgen_fail(OPGEN_ERR_NULL, "%s: workspace is NULL but workspace_size is %zu", op->name, ws_size);
+        } else {
+            w = (char *)ws + (OPGEN_WS_ALIGN - (uintptr_t)ws % OPGEN_WS_ALIGN) % OPGEN_WS_ALIGN;
+        }
     }
-    if (ws_size < need) {
-        return opgen_fail(OPGEN_ERR_WORKSPACE, "%s: workspace of %zu bytes, %zu needed", op->name, ws_size, need);
-    }
-    char *w = (char *)ws;
-    size_t off = opgen_align(ke->ws(dims));
     for (int k = 0; k < op->n_params; k++) {
         int nb = n_batch_rows[k];
         if (!nb) continue;
         const opgen_tensor_t *t = tensors[k];
-        int64_t *ro = (int64_t *)(w + off);
+        int64_t *ro = (int64_t *)(void *)(w + tbl_off[k]);
         int64_t rows = dims[op->params[k].dims[0]];
+        /* every offset below is one of the tensor's element offsets (or 0 for an empty tensor,
+           whose strides are 0): inside its checked extent, no overflow */
         if (nb < 0) {
             for (int64_t r = 0; r < rows; r++) ro[r] = r * bufs[k].st[0];
             nb = 0;
@@ -353,7 +482,6 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
             ro[r] = o;
         }
         bufs[k].ro = ro;
-        off += opgen_align(sizeof(int64_t) * (size_t)rows);
     }
     opgen_status_t st = ke->fn(bufs, dims, scalars, w);
     free(own);

@@ -19,6 +19,21 @@ typedef struct {
     const int64_t *ro;
 } opgen_buf_t;
 
+/* saturating size arithmetic: SIZE_MAX means "does not fit in size_t" and is sticky (an operand
+ * of SIZE_MAX gives SIZE_MAX, even times 0). Workspace sizes are computed with these; the binder
+ * turns a SIZE_MAX size into OPGEN_ERR_SHAPE. */
+static inline size_t opgen_sz_mul(size_t a, size_t b) {
+    size_t r;
+    if (a == SIZE_MAX || b == SIZE_MAX || __builtin_mul_overflow(a, b, &r)) return SIZE_MAX;
+    return r;
+}
+static inline size_t opgen_sz_add(size_t a, size_t b) {
+    size_t r;
+    if (__builtin_add_overflow(a, b, &r)) return SIZE_MAX;
+    return r;
+}
+static inline size_t opgen_sz_dim(int64_t d) { return d < 0 ? SIZE_MAX : (size_t)d; }
+
 typedef union {
     float f;
     int64_t i;
@@ -76,8 +91,7 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
 
 opgen_status_t opgen_fail(opgen_status_t st, const char *fmt, ...);
 
-/* Stable counting sort of n indices (already range-checked) into rows segments. */
-void opgen_segments(const int64_t *idx, int64_t n, int64_t rows, int64_t *start, int64_t *order);
+/* Segment tables (scatter-add, counts): opgen_seg.h. */
 
 /* C[m x n] (= or +=) op(A) @ op(B) in f32; element (i, k) of op(A) is A[i * ars + k * acs],
  * (k, j) of op(B) is B[k * brs + j * bcs]; C row-major with leading dimension ldc. The k sum runs
@@ -85,7 +99,23 @@ void opgen_segments(const int64_t *idx, int64_t n, int64_t rows, int64_t *start,
 void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                  const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
 
-static inline size_t opgen_align(size_t x) { return (x + 63) & ~(size_t)63; }
+/* x rounded up to a multiple of 64 (workspace temporaries start at such offsets); saturating:
+ * SIZE_MAX for x > SIZE_MAX - 63, never a wrap. */
+static inline size_t opgen_align(size_t x) { return x > SIZE_MAX - 63 ? SIZE_MAX : (x + 63) & ~(size_t)63; }
+
+/* Threads of the generated kernels' parallel regions.
+ * opgen_team_cap(): a process-wide upper bound on the threads of any parallel region, fixed once
+ *   (omp_get_max_threads() when the library is loaded, i.e. OMP_NUM_THREADS or the core count).
+ *   Per-thread scratch in a workspace is sized with it, so a workspace size does not depend on
+ *   the thread that asked for it or the one that runs the op.
+ * opgen_team(): the threads for a parallel region started now by the calling thread:
+ *   min(omp_get_max_threads(), opgen_team_cap()); 1 in a process forked after this library ran
+ *   a region with several threads (libgomp's thread pool does not survive fork(): a child that
+ *   starts a region of 2+ threads hangs; one of 1 thread does not).
+ * Kernels open regions with `#pragma omp parallel for schedule(static) num_threads(opgen_team())`
+ * and index per-thread scratch with omp_get_thread_num() < opgen_team() <= opgen_team_cap(). */
+int opgen_team_cap(void);
+int opgen_team(void);
 
 /* f16 / bf16 <-> f32 with round-to-nearest-even (NaN stays NaN). */
 static inline float opgen_bf16_to_f32(uint16_t h) {

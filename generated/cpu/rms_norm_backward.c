@@ -4,7 +4,7 @@
 #include <omp.h>
 
 static inline int opgen_thread(void) { return omp_get_thread_num(); }
-static inline int opgen_threads(void) { return omp_get_max_threads(); }
+static inline int opgen_threads(void) { return opgen_team_cap(); }
 
 static opgen_status_t k_rms_norm_backward_f16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const uint16_t *restrict p_grad_y = (const uint16_t *)bufs[0].data;
@@ -35,8 +35,8 @@ static size_t k_rms_norm_backward_f16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 32 + (d_N % 32 != 0))), opgen_sz_dim(d_D)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -63,20 +63,20 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
     const bool v4 = v1 == v2;
     const bool v5 = v3 && v4;
-    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v8 = v5 ? v2 : v7;
     const int64_t v9 = 32ll;
     const int64_t v10 = d_N;
     const float v11 = (float)(v1);
     const float v12 = p_eps;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i13 = v2; i13 < v8; i13++) {
         float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l14, 0, sizeof(float) * (size_t)d_D);
@@ -167,8 +167,8 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     }
     const int64_t v64 = 0ll;
     const int64_t v65 = d_D;
-    const int64_t v66 = ((d_N + 31) / 32);
-    #pragma omp parallel for schedule(static)
+    const int64_t v66 = (d_N / 32 + (d_N % 32 != 0));
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v64; i67 < v65; i67++) {
         float l68 = 0;
         for (int64_t i69 = v64; i69 < v66; i69++) {
@@ -204,20 +204,20 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
     const bool v4 = v1 == v2;
     const bool v5 = v3 && v4;
-    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v8 = v5 ? v2 : v7;
     const int64_t v9 = 32ll;
     const int64_t v10 = d_N;
     const float v11 = (float)(v1);
     const float v12 = p_eps;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i13 = v2; i13 < v8; i13++) {
         float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l14, 0, sizeof(float) * (size_t)d_D);
@@ -308,8 +308,8 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     }
     const int64_t v64 = 0ll;
     const int64_t v65 = d_D;
-    const int64_t v66 = ((d_N + 31) / 32);
-    #pragma omp parallel for schedule(static)
+    const int64_t v66 = (d_N / 32 + (d_N % 32 != 0));
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v64; i67 < v65; i67++) {
         float l68 = 0;
         for (int64_t i69 = v64; i69 < v66; i69++) {
@@ -358,8 +358,8 @@ static size_t k_rms_norm_backward_f32_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 32 + (d_N % 32 != 0))), opgen_sz_dim(d_D)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -386,20 +386,20 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
     const bool v4 = v1 == v2;
     const bool v5 = v3 && v4;
-    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v8 = v5 ? v2 : v7;
     const int64_t v9 = 32ll;
     const int64_t v10 = d_N;
     const float v11 = (float)(v1);
     const float v12 = p_eps;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i13 = v2; i13 < v8; i13++) {
         float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l14, 0, sizeof(float) * (size_t)d_D);
@@ -490,8 +490,8 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     }
     const int64_t v64 = 0ll;
     const int64_t v65 = d_D;
-    const int64_t v66 = ((d_N + 31) / 32);
-    #pragma omp parallel for schedule(static)
+    const int64_t v66 = (d_N / 32 + (d_N % 32 != 0));
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v64; i67 < v65; i67++) {
         float l68 = 0;
         for (int64_t i69 = v64; i69 < v66; i69++) {
@@ -527,20 +527,20 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
     const bool v4 = v1 == v2;
     const bool v5 = v3 && v4;
-    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v8 = v5 ? v2 : v7;
     const int64_t v9 = 32ll;
     const int64_t v10 = d_N;
     const float v11 = (float)(v1);
     const float v12 = p_eps;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i13 = v2; i13 < v8; i13++) {
         float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l14, 0, sizeof(float) * (size_t)d_D);
@@ -631,8 +631,8 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     }
     const int64_t v64 = 0ll;
     const int64_t v65 = d_D;
-    const int64_t v66 = ((d_N + 31) / 32);
-    #pragma omp parallel for schedule(static)
+    const int64_t v66 = (d_N / 32 + (d_N % 32 != 0));
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v64; i67 < v65; i67++) {
         float l68 = 0;
         for (int64_t i69 = v64; i69 < v66; i69++) {
@@ -681,8 +681,8 @@ static size_t k_rms_norm_backward_bf16_ws(const int64_t *dims) {
     const int64_t d_N = dims[0]; (void)d_N;
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
-    off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 32 + (d_N % 32 != 0))), opgen_sz_dim(d_D)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -709,20 +709,20 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
     const bool v4 = v1 == v2;
     const bool v5 = v3 && v4;
-    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v8 = v5 ? v2 : v7;
     const int64_t v9 = 32ll;
     const int64_t v10 = d_N;
     const float v11 = (float)(v1);
     const float v12 = p_eps;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i13 = v2; i13 < v8; i13++) {
         float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l14, 0, sizeof(float) * (size_t)d_D);
@@ -813,8 +813,8 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     }
     const int64_t v64 = 0ll;
     const int64_t v65 = d_D;
-    const int64_t v66 = ((d_N + 31) / 32);
-    #pragma omp parallel for schedule(static)
+    const int64_t v66 = (d_N / 32 + (d_N % 32 != 0));
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v64; i67 < v65; i67++) {
         float l68 = 0;
         for (int64_t i69 = v64; i69 < v66; i69++) {
@@ -850,20 +850,20 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
     const bool v4 = v1 == v2;
     const bool v5 = v3 && v4;
-    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v8 = v5 ? v2 : v7;
     const int64_t v9 = 32ll;
     const int64_t v10 = d_N;
     const float v11 = (float)(v1);
     const float v12 = p_eps;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i13 = v2; i13 < v8; i13++) {
         float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l14, 0, sizeof(float) * (size_t)d_D);
@@ -954,8 +954,8 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     }
     const int64_t v64 = 0ll;
     const int64_t v65 = d_D;
-    const int64_t v66 = ((d_N + 31) / 32);
-    #pragma omp parallel for schedule(static)
+    const int64_t v66 = (d_N / 32 + (d_N % 32 != 0));
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i67 = v64; i67 < v65; i67++) {
         float l68 = 0;
         for (int64_t i69 = v64; i69 < v66; i69++) {

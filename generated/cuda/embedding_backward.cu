@@ -87,25 +87,25 @@ static void k_embedding_backward_f16_i8_layout(const int64_t *dims, char *ws, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -149,7 +149,7 @@ static opgen_status_t k_embedding_backward_f16_i8_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f16_i8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_i8_g");
@@ -285,7 +285,7 @@ static opgen_status_t k_embedding_backward_f16_i8_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f16_i8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_i8_u");
@@ -383,25 +383,25 @@ static void k_embedding_backward_f16_i16_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -445,7 +445,7 @@ static opgen_status_t k_embedding_backward_f16_i16_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f16_i16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_i16_g");
@@ -581,7 +581,7 @@ static opgen_status_t k_embedding_backward_f16_i16_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f16_i16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_i16_u");
@@ -679,25 +679,25 @@ static void k_embedding_backward_f16_i32_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -741,7 +741,7 @@ static opgen_status_t k_embedding_backward_f16_i32_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f16_i32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_i32_g");
@@ -877,7 +877,7 @@ static opgen_status_t k_embedding_backward_f16_i32_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f16_i32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_i32_u");
@@ -975,25 +975,25 @@ static void k_embedding_backward_f16_i64_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -1037,7 +1037,7 @@ static opgen_status_t k_embedding_backward_f16_i64_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f16_i64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_i64_g");
@@ -1173,7 +1173,7 @@ static opgen_status_t k_embedding_backward_f16_i64_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f16_i64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_i64_u");
@@ -1271,25 +1271,25 @@ static void k_embedding_backward_f16_u8_layout(const int64_t *dims, char *ws, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -1333,7 +1333,7 @@ static opgen_status_t k_embedding_backward_f16_u8_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f16_u8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_u8_g");
@@ -1469,7 +1469,7 @@ static opgen_status_t k_embedding_backward_f16_u8_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f16_u8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_u8_u");
@@ -1567,25 +1567,25 @@ static void k_embedding_backward_f16_u16_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -1629,7 +1629,7 @@ static opgen_status_t k_embedding_backward_f16_u16_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f16_u16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_u16_g");
@@ -1765,7 +1765,7 @@ static opgen_status_t k_embedding_backward_f16_u16_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f16_u16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_u16_u");
@@ -1863,25 +1863,25 @@ static void k_embedding_backward_f16_u32_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -1925,7 +1925,7 @@ static opgen_status_t k_embedding_backward_f16_u32_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f16_u32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_u32_g");
@@ -2061,7 +2061,7 @@ static opgen_status_t k_embedding_backward_f16_u32_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f16_u32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_u32_u");
@@ -2159,25 +2159,25 @@ static void k_embedding_backward_f16_u64_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2221,7 +2221,7 @@ static opgen_status_t k_embedding_backward_f16_u64_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f16_u64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_u64_g");
@@ -2357,7 +2357,7 @@ static opgen_status_t k_embedding_backward_f16_u64_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f16_u64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16_u64_u");
@@ -2455,25 +2455,25 @@ static void k_embedding_backward_bf16_i8_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2517,7 +2517,7 @@ static opgen_status_t k_embedding_backward_bf16_i8_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_bf16_i8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_i8_g");
@@ -2653,7 +2653,7 @@ static opgen_status_t k_embedding_backward_bf16_i8_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_bf16_i8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_i8_u");
@@ -2751,25 +2751,25 @@ static void k_embedding_backward_bf16_i16_layout(const int64_t *dims, char *ws, 
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2813,7 +2813,7 @@ static opgen_status_t k_embedding_backward_bf16_i16_g(const opgen_buf_t *bufs, c
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_bf16_i16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_i16_g");
@@ -2949,7 +2949,7 @@ static opgen_status_t k_embedding_backward_bf16_i16_u(const opgen_buf_t *bufs, c
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_bf16_i16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_i16_u");
@@ -3047,25 +3047,25 @@ static void k_embedding_backward_bf16_i32_layout(const int64_t *dims, char *ws, 
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3109,7 +3109,7 @@ static opgen_status_t k_embedding_backward_bf16_i32_g(const opgen_buf_t *bufs, c
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_bf16_i32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_i32_g");
@@ -3245,7 +3245,7 @@ static opgen_status_t k_embedding_backward_bf16_i32_u(const opgen_buf_t *bufs, c
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_bf16_i32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_i32_u");
@@ -3343,25 +3343,25 @@ static void k_embedding_backward_bf16_i64_layout(const int64_t *dims, char *ws, 
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3405,7 +3405,7 @@ static opgen_status_t k_embedding_backward_bf16_i64_g(const opgen_buf_t *bufs, c
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_bf16_i64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_i64_g");
@@ -3541,7 +3541,7 @@ static opgen_status_t k_embedding_backward_bf16_i64_u(const opgen_buf_t *bufs, c
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_bf16_i64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_i64_u");
@@ -3639,25 +3639,25 @@ static void k_embedding_backward_bf16_u8_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3701,7 +3701,7 @@ static opgen_status_t k_embedding_backward_bf16_u8_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_bf16_u8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_u8_g");
@@ -3837,7 +3837,7 @@ static opgen_status_t k_embedding_backward_bf16_u8_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_bf16_u8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_u8_u");
@@ -3935,25 +3935,25 @@ static void k_embedding_backward_bf16_u16_layout(const int64_t *dims, char *ws, 
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3997,7 +3997,7 @@ static opgen_status_t k_embedding_backward_bf16_u16_g(const opgen_buf_t *bufs, c
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_bf16_u16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_u16_g");
@@ -4133,7 +4133,7 @@ static opgen_status_t k_embedding_backward_bf16_u16_u(const opgen_buf_t *bufs, c
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_bf16_u16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_u16_u");
@@ -4231,25 +4231,25 @@ static void k_embedding_backward_bf16_u32_layout(const int64_t *dims, char *ws, 
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -4293,7 +4293,7 @@ static opgen_status_t k_embedding_backward_bf16_u32_g(const opgen_buf_t *bufs, c
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_bf16_u32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_u32_g");
@@ -4429,7 +4429,7 @@ static opgen_status_t k_embedding_backward_bf16_u32_u(const opgen_buf_t *bufs, c
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_bf16_u32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_u32_u");
@@ -4527,25 +4527,25 @@ static void k_embedding_backward_bf16_u64_layout(const int64_t *dims, char *ws, 
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -4589,7 +4589,7 @@ static opgen_status_t k_embedding_backward_bf16_u64_g(const opgen_buf_t *bufs, c
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_bf16_u64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_u64_g");
@@ -4725,7 +4725,7 @@ static opgen_status_t k_embedding_backward_bf16_u64_u(const opgen_buf_t *bufs, c
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_bf16_u64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16_u64_u");
@@ -4823,25 +4823,25 @@ static void k_embedding_backward_f32_i8_layout(const int64_t *dims, char *ws, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -4885,7 +4885,7 @@ static opgen_status_t k_embedding_backward_f32_i8_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f32_i8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_i8_g");
@@ -5021,7 +5021,7 @@ static opgen_status_t k_embedding_backward_f32_i8_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f32_i8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_i8_u");
@@ -5119,25 +5119,25 @@ static void k_embedding_backward_f32_i16_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -5181,7 +5181,7 @@ static opgen_status_t k_embedding_backward_f32_i16_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f32_i16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_i16_g");
@@ -5317,7 +5317,7 @@ static opgen_status_t k_embedding_backward_f32_i16_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f32_i16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_i16_u");
@@ -5415,25 +5415,25 @@ static void k_embedding_backward_f32_i32_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -5477,7 +5477,7 @@ static opgen_status_t k_embedding_backward_f32_i32_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f32_i32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_i32_g");
@@ -5613,7 +5613,7 @@ static opgen_status_t k_embedding_backward_f32_i32_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f32_i32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_i32_u");
@@ -5711,25 +5711,25 @@ static void k_embedding_backward_f32_i64_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -5773,7 +5773,7 @@ static opgen_status_t k_embedding_backward_f32_i64_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f32_i64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_i64_g");
@@ -5909,7 +5909,7 @@ static opgen_status_t k_embedding_backward_f32_i64_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f32_i64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_i64_u");
@@ -6007,25 +6007,25 @@ static void k_embedding_backward_f32_u8_layout(const int64_t *dims, char *ws, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6069,7 +6069,7 @@ static opgen_status_t k_embedding_backward_f32_u8_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f32_u8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_u8_g");
@@ -6205,7 +6205,7 @@ static opgen_status_t k_embedding_backward_f32_u8_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f32_u8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_u8_u");
@@ -6303,25 +6303,25 @@ static void k_embedding_backward_f32_u16_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6365,7 +6365,7 @@ static opgen_status_t k_embedding_backward_f32_u16_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f32_u16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_u16_g");
@@ -6501,7 +6501,7 @@ static opgen_status_t k_embedding_backward_f32_u16_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f32_u16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_u16_u");
@@ -6599,25 +6599,25 @@ static void k_embedding_backward_f32_u32_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6661,7 +6661,7 @@ static opgen_status_t k_embedding_backward_f32_u32_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f32_u32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_u32_g");
@@ -6797,7 +6797,7 @@ static opgen_status_t k_embedding_backward_f32_u32_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f32_u32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_u32_u");
@@ -6895,25 +6895,25 @@ static void k_embedding_backward_f32_u64_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6957,7 +6957,7 @@ static opgen_status_t k_embedding_backward_f32_u64_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f32_u64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_u64_g");
@@ -7093,7 +7093,7 @@ static opgen_status_t k_embedding_backward_f32_u64_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f32_u64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32_u64_u");
@@ -7191,25 +7191,25 @@ static void k_embedding_backward_f64_i8_layout(const int64_t *dims, char *ws, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -7253,7 +7253,7 @@ static opgen_status_t k_embedding_backward_f64_i8_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f64_i8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_i8_g");
@@ -7389,7 +7389,7 @@ static opgen_status_t k_embedding_backward_f64_i8_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f64_i8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_i8_u");
@@ -7487,25 +7487,25 @@ static void k_embedding_backward_f64_i16_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -7549,7 +7549,7 @@ static opgen_status_t k_embedding_backward_f64_i16_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f64_i16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_i16_g");
@@ -7685,7 +7685,7 @@ static opgen_status_t k_embedding_backward_f64_i16_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f64_i16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_i16_u");
@@ -7783,25 +7783,25 @@ static void k_embedding_backward_f64_i32_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -7845,7 +7845,7 @@ static opgen_status_t k_embedding_backward_f64_i32_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f64_i32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_i32_g");
@@ -7981,7 +7981,7 @@ static opgen_status_t k_embedding_backward_f64_i32_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f64_i32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_i32_u");
@@ -8079,25 +8079,25 @@ static void k_embedding_backward_f64_i64_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -8141,7 +8141,7 @@ static opgen_status_t k_embedding_backward_f64_i64_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f64_i64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_i64_g");
@@ -8277,7 +8277,7 @@ static opgen_status_t k_embedding_backward_f64_i64_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f64_i64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_i64_u");
@@ -8375,25 +8375,25 @@ static void k_embedding_backward_f64_u8_layout(const int64_t *dims, char *ws, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -8437,7 +8437,7 @@ static opgen_status_t k_embedding_backward_f64_u8_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f64_u8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_u8_g");
@@ -8573,7 +8573,7 @@ static opgen_status_t k_embedding_backward_f64_u8_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f64_u8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_u8_u");
@@ -8671,25 +8671,25 @@ static void k_embedding_backward_f64_u16_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -8733,7 +8733,7 @@ static opgen_status_t k_embedding_backward_f64_u16_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f64_u16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_u16_g");
@@ -8869,7 +8869,7 @@ static opgen_status_t k_embedding_backward_f64_u16_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f64_u16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_u16_u");
@@ -8967,25 +8967,25 @@ static void k_embedding_backward_f64_u32_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -9029,7 +9029,7 @@ static opgen_status_t k_embedding_backward_f64_u32_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f64_u32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_u32_g");
@@ -9165,7 +9165,7 @@ static opgen_status_t k_embedding_backward_f64_u32_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f64_u32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_u32_u");
@@ -9263,25 +9263,25 @@ static void k_embedding_backward_f64_u64_layout(const int64_t *dims, char *ws, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -9325,7 +9325,7 @@ static opgen_status_t k_embedding_backward_f64_u64_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward_f64_u64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_u64_g");
@@ -9461,7 +9461,7 @@ static opgen_status_t k_embedding_backward_f64_u64_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward_f64_u64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64_u64_u");
@@ -9559,25 +9559,25 @@ static void k_embedding_backward__i2_f16_i8_layout(const int64_t *dims, char *ws
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -9617,7 +9617,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i8_g(const opgen_buf_t *bufs,
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f16_i8_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_i8_g");
@@ -9753,7 +9753,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i8_u(const opgen_buf_t *bufs,
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f16_i8_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_i8_u");
@@ -9851,25 +9851,25 @@ static void k_embedding_backward__i2_f16_i16_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -9909,7 +9909,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i16_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f16_i16_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_i16_g");
@@ -10045,7 +10045,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i16_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f16_i16_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_i16_u");
@@ -10143,25 +10143,25 @@ static void k_embedding_backward__i2_f16_i32_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -10201,7 +10201,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i32_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f16_i32_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_i32_g");
@@ -10337,7 +10337,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i32_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f16_i32_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_i32_u");
@@ -10435,25 +10435,25 @@ static void k_embedding_backward__i2_f16_i64_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -10493,7 +10493,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i64_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f16_i64_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_i64_g");
@@ -10629,7 +10629,7 @@ static opgen_status_t k_embedding_backward__i2_f16_i64_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f16_i64_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_i64_u");
@@ -10727,25 +10727,25 @@ static void k_embedding_backward__i2_f16_u8_layout(const int64_t *dims, char *ws
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -10785,7 +10785,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u8_g(const opgen_buf_t *bufs,
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f16_u8_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_u8_g");
@@ -10921,7 +10921,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u8_u(const opgen_buf_t *bufs,
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f16_u8_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_u8_u");
@@ -11019,25 +11019,25 @@ static void k_embedding_backward__i2_f16_u16_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -11077,7 +11077,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u16_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f16_u16_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_u16_g");
@@ -11213,7 +11213,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u16_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f16_u16_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_u16_u");
@@ -11311,25 +11311,25 @@ static void k_embedding_backward__i2_f16_u32_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -11369,7 +11369,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u32_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f16_u32_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_u32_g");
@@ -11505,7 +11505,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u32_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f16_u32_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_u32_u");
@@ -11603,25 +11603,25 @@ static void k_embedding_backward__i2_f16_u64_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -11661,7 +11661,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u64_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f16_u64_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_u64_g");
@@ -11797,7 +11797,7 @@ static opgen_status_t k_embedding_backward__i2_f16_u64_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f16_u64_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16_u64_u");
@@ -11895,25 +11895,25 @@ static void k_embedding_backward__i2_bf16_i8_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -11953,7 +11953,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i8_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_bf16_i8_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_i8_g");
@@ -12089,7 +12089,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i8_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_bf16_i8_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_i8_u");
@@ -12187,25 +12187,25 @@ static void k_embedding_backward__i2_bf16_i16_layout(const int64_t *dims, char *
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -12245,7 +12245,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i16_g(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_bf16_i16_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_i16_g");
@@ -12381,7 +12381,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i16_u(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_bf16_i16_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_i16_u");
@@ -12479,25 +12479,25 @@ static void k_embedding_backward__i2_bf16_i32_layout(const int64_t *dims, char *
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -12537,7 +12537,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i32_g(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_bf16_i32_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_i32_g");
@@ -12673,7 +12673,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i32_u(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_bf16_i32_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_i32_u");
@@ -12771,25 +12771,25 @@ static void k_embedding_backward__i2_bf16_i64_layout(const int64_t *dims, char *
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -12829,7 +12829,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i64_g(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_bf16_i64_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_i64_g");
@@ -12965,7 +12965,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_i64_u(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_bf16_i64_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_i64_u");
@@ -13063,25 +13063,25 @@ static void k_embedding_backward__i2_bf16_u8_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -13121,7 +13121,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u8_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_bf16_u8_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_u8_g");
@@ -13257,7 +13257,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u8_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_bf16_u8_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_u8_u");
@@ -13355,25 +13355,25 @@ static void k_embedding_backward__i2_bf16_u16_layout(const int64_t *dims, char *
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -13413,7 +13413,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u16_g(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_bf16_u16_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_u16_g");
@@ -13549,7 +13549,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u16_u(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_bf16_u16_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_u16_u");
@@ -13647,25 +13647,25 @@ static void k_embedding_backward__i2_bf16_u32_layout(const int64_t *dims, char *
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -13705,7 +13705,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u32_g(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_bf16_u32_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_u32_g");
@@ -13841,7 +13841,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u32_u(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_bf16_u32_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_u32_u");
@@ -13939,25 +13939,25 @@ static void k_embedding_backward__i2_bf16_u64_layout(const int64_t *dims, char *
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -13997,7 +13997,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u64_g(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_bf16_u64_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_u64_g");
@@ -14133,7 +14133,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_u64_u(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_bf16_u64_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16_u64_u");
@@ -14231,25 +14231,25 @@ static void k_embedding_backward__i2_f32_i8_layout(const int64_t *dims, char *ws
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -14289,7 +14289,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i8_g(const opgen_buf_t *bufs,
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f32_i8_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_i8_g");
@@ -14425,7 +14425,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i8_u(const opgen_buf_t *bufs,
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f32_i8_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_i8_u");
@@ -14523,25 +14523,25 @@ static void k_embedding_backward__i2_f32_i16_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -14581,7 +14581,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i16_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f32_i16_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_i16_g");
@@ -14717,7 +14717,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i16_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f32_i16_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_i16_u");
@@ -14815,25 +14815,25 @@ static void k_embedding_backward__i2_f32_i32_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -14873,7 +14873,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i32_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f32_i32_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_i32_g");
@@ -15009,7 +15009,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i32_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f32_i32_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_i32_u");
@@ -15107,25 +15107,25 @@ static void k_embedding_backward__i2_f32_i64_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -15165,7 +15165,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i64_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f32_i64_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_i64_g");
@@ -15301,7 +15301,7 @@ static opgen_status_t k_embedding_backward__i2_f32_i64_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f32_i64_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_i64_u");
@@ -15399,25 +15399,25 @@ static void k_embedding_backward__i2_f32_u8_layout(const int64_t *dims, char *ws
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -15457,7 +15457,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u8_g(const opgen_buf_t *bufs,
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f32_u8_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_u8_g");
@@ -15593,7 +15593,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u8_u(const opgen_buf_t *bufs,
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f32_u8_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_u8_u");
@@ -15691,25 +15691,25 @@ static void k_embedding_backward__i2_f32_u16_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -15749,7 +15749,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u16_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f32_u16_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_u16_g");
@@ -15885,7 +15885,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u16_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f32_u16_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_u16_u");
@@ -15983,25 +15983,25 @@ static void k_embedding_backward__i2_f32_u32_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -16041,7 +16041,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u32_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f32_u32_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_u32_g");
@@ -16177,7 +16177,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u32_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f32_u32_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_u32_u");
@@ -16275,25 +16275,25 @@ static void k_embedding_backward__i2_f32_u64_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -16333,7 +16333,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u64_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f32_u64_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_u64_g");
@@ -16469,7 +16469,7 @@ static opgen_status_t k_embedding_backward__i2_f32_u64_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f32_u64_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32_u64_u");
@@ -16567,25 +16567,25 @@ static void k_embedding_backward__i2_f64_i8_layout(const int64_t *dims, char *ws
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -16625,7 +16625,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i8_g(const opgen_buf_t *bufs,
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f64_i8_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_i8_g");
@@ -16761,7 +16761,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i8_u(const opgen_buf_t *bufs,
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f64_i8_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_i8_u");
@@ -16859,25 +16859,25 @@ static void k_embedding_backward__i2_f64_i16_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -16917,7 +16917,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i16_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f64_i16_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_i16_g");
@@ -17053,7 +17053,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i16_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f64_i16_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_i16_u");
@@ -17151,25 +17151,25 @@ static void k_embedding_backward__i2_f64_i32_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -17209,7 +17209,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i32_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f64_i32_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_i32_g");
@@ -17345,7 +17345,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i32_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f64_i32_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_i32_u");
@@ -17443,25 +17443,25 @@ static void k_embedding_backward__i2_f64_i64_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -17501,7 +17501,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i64_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f64_i64_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_i64_g");
@@ -17637,7 +17637,7 @@ static opgen_status_t k_embedding_backward__i2_f64_i64_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f64_i64_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_i64_u");
@@ -17735,25 +17735,25 @@ static void k_embedding_backward__i2_f64_u8_layout(const int64_t *dims, char *ws
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -17793,7 +17793,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u8_g(const opgen_buf_t *bufs,
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f64_u8_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_u8_g");
@@ -17929,7 +17929,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u8_u(const opgen_buf_t *bufs,
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f64_u8_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_u8_u");
@@ -18027,25 +18027,25 @@ static void k_embedding_backward__i2_f64_u16_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -18085,7 +18085,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u16_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f64_u16_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_u16_g");
@@ -18221,7 +18221,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u16_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f64_u16_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_u16_u");
@@ -18319,25 +18319,25 @@ static void k_embedding_backward__i2_f64_u32_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -18377,7 +18377,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u32_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f64_u32_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_u32_g");
@@ -18513,7 +18513,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u32_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f64_u32_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_u32_u");
@@ -18611,25 +18611,25 @@ static void k_embedding_backward__i2_f64_u64_layout(const int64_t *dims, char *w
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -18669,7 +18669,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u64_g(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v61, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v61), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid64 = opgen_cuda_grid(v62 - v59, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid64 > 0) k_embedding_backward__i2_f64_u64_g_k1<<<(unsigned)grid64, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_u64_g");
@@ -18805,7 +18805,7 @@ static opgen_status_t k_embedding_backward__i2_f64_u64_u(const opgen_buf_t *bufs
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v69, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v69), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid72 = opgen_cuda_grid(v70 - v67, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__i2_f64_u64_u_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64_u64_u");
@@ -18903,25 +18903,25 @@ static void k_embedding_backward__dtable2_f16_i8_layout(const int64_t *dims, cha
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -18965,7 +18965,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i8_g(const opgen_buf_t *
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f16_i8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_i8_g");
@@ -19101,7 +19101,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i8_u(const opgen_buf_t *
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f16_i8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_i8_u");
@@ -19199,25 +19199,25 @@ static void k_embedding_backward__dtable2_f16_i16_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -19261,7 +19261,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i16_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f16_i16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_i16_g");
@@ -19397,7 +19397,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i16_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f16_i16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_i16_u");
@@ -19495,25 +19495,25 @@ static void k_embedding_backward__dtable2_f16_i32_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -19557,7 +19557,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i32_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f16_i32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_i32_g");
@@ -19693,7 +19693,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i32_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f16_i32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_i32_u");
@@ -19791,25 +19791,25 @@ static void k_embedding_backward__dtable2_f16_i64_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -19853,7 +19853,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i64_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f16_i64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_i64_g");
@@ -19989,7 +19989,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_i64_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f16_i64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_i64_u");
@@ -20087,25 +20087,25 @@ static void k_embedding_backward__dtable2_f16_u8_layout(const int64_t *dims, cha
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -20149,7 +20149,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u8_g(const opgen_buf_t *
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f16_u8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_u8_g");
@@ -20285,7 +20285,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u8_u(const opgen_buf_t *
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f16_u8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_u8_u");
@@ -20383,25 +20383,25 @@ static void k_embedding_backward__dtable2_f16_u16_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -20445,7 +20445,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u16_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f16_u16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_u16_g");
@@ -20581,7 +20581,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u16_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f16_u16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_u16_u");
@@ -20679,25 +20679,25 @@ static void k_embedding_backward__dtable2_f16_u32_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -20741,7 +20741,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u32_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f16_u32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_u32_g");
@@ -20877,7 +20877,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u32_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f16_u32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_u32_u");
@@ -20975,25 +20975,25 @@ static void k_embedding_backward__dtable2_f16_u64_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -21037,7 +21037,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u64_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f16_u64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_u64_g");
@@ -21173,7 +21173,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_u64_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f16_u64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16_u64_u");
@@ -21271,25 +21271,25 @@ static void k_embedding_backward__dtable2_bf16_i8_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -21333,7 +21333,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i8_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_bf16_i8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_i8_g");
@@ -21469,7 +21469,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i8_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_bf16_i8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_i8_u");
@@ -21567,25 +21567,25 @@ static void k_embedding_backward__dtable2_bf16_i16_layout(const int64_t *dims, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -21629,7 +21629,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i16_g(const opgen_buf_t
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_bf16_i16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_i16_g");
@@ -21765,7 +21765,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i16_u(const opgen_buf_t
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_bf16_i16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_i16_u");
@@ -21863,25 +21863,25 @@ static void k_embedding_backward__dtable2_bf16_i32_layout(const int64_t *dims, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -21925,7 +21925,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i32_g(const opgen_buf_t
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_bf16_i32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_i32_g");
@@ -22061,7 +22061,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i32_u(const opgen_buf_t
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_bf16_i32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_i32_u");
@@ -22159,25 +22159,25 @@ static void k_embedding_backward__dtable2_bf16_i64_layout(const int64_t *dims, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -22221,7 +22221,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i64_g(const opgen_buf_t
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_bf16_i64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_i64_g");
@@ -22357,7 +22357,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_i64_u(const opgen_buf_t
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_bf16_i64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_i64_u");
@@ -22455,25 +22455,25 @@ static void k_embedding_backward__dtable2_bf16_u8_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -22517,7 +22517,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u8_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_bf16_u8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_u8_g");
@@ -22653,7 +22653,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u8_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_bf16_u8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_u8_u");
@@ -22751,25 +22751,25 @@ static void k_embedding_backward__dtable2_bf16_u16_layout(const int64_t *dims, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -22813,7 +22813,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u16_g(const opgen_buf_t
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_bf16_u16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_u16_g");
@@ -22949,7 +22949,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u16_u(const opgen_buf_t
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_bf16_u16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_u16_u");
@@ -23047,25 +23047,25 @@ static void k_embedding_backward__dtable2_bf16_u32_layout(const int64_t *dims, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -23109,7 +23109,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u32_g(const opgen_buf_t
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_bf16_u32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_u32_g");
@@ -23245,7 +23245,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u32_u(const opgen_buf_t
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_bf16_u32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_u32_u");
@@ -23343,25 +23343,25 @@ static void k_embedding_backward__dtable2_bf16_u64_layout(const int64_t *dims, c
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -23405,7 +23405,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u64_g(const opgen_buf_t
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_bf16_u64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_u64_g");
@@ -23541,7 +23541,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_u64_u(const opgen_buf_t
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_bf16_u64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16_u64_u");
@@ -23639,25 +23639,25 @@ static void k_embedding_backward__dtable2_f32_i8_layout(const int64_t *dims, cha
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -23701,7 +23701,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i8_g(const opgen_buf_t *
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f32_i8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_i8_g");
@@ -23837,7 +23837,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i8_u(const opgen_buf_t *
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f32_i8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_i8_u");
@@ -23935,25 +23935,25 @@ static void k_embedding_backward__dtable2_f32_i16_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -23997,7 +23997,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i16_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f32_i16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_i16_g");
@@ -24133,7 +24133,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i16_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f32_i16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_i16_u");
@@ -24231,25 +24231,25 @@ static void k_embedding_backward__dtable2_f32_i32_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -24293,7 +24293,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i32_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f32_i32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_i32_g");
@@ -24429,7 +24429,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i32_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f32_i32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_i32_u");
@@ -24527,25 +24527,25 @@ static void k_embedding_backward__dtable2_f32_i64_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -24589,7 +24589,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i64_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f32_i64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_i64_g");
@@ -24725,7 +24725,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_i64_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f32_i64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_i64_u");
@@ -24823,25 +24823,25 @@ static void k_embedding_backward__dtable2_f32_u8_layout(const int64_t *dims, cha
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -24885,7 +24885,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u8_g(const opgen_buf_t *
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f32_u8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_u8_g");
@@ -25021,7 +25021,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u8_u(const opgen_buf_t *
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f32_u8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_u8_u");
@@ -25119,25 +25119,25 @@ static void k_embedding_backward__dtable2_f32_u16_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -25181,7 +25181,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u16_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f32_u16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_u16_g");
@@ -25317,7 +25317,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u16_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f32_u16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_u16_u");
@@ -25415,25 +25415,25 @@ static void k_embedding_backward__dtable2_f32_u32_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -25477,7 +25477,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u32_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f32_u32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_u32_g");
@@ -25613,7 +25613,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u32_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f32_u32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_u32_u");
@@ -25711,25 +25711,25 @@ static void k_embedding_backward__dtable2_f32_u64_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -25773,7 +25773,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u64_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f32_u64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_u64_g");
@@ -25909,7 +25909,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_u64_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f32_u64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32_u64_u");
@@ -26007,25 +26007,25 @@ static void k_embedding_backward__dtable2_f64_i8_layout(const int64_t *dims, cha
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -26069,7 +26069,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i8_g(const opgen_buf_t *
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f64_i8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_i8_g");
@@ -26205,7 +26205,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i8_u(const opgen_buf_t *
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f64_i8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_i8_u");
@@ -26303,25 +26303,25 @@ static void k_embedding_backward__dtable2_f64_i16_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -26365,7 +26365,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i16_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f64_i16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_i16_g");
@@ -26501,7 +26501,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i16_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f64_i16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_i16_u");
@@ -26599,25 +26599,25 @@ static void k_embedding_backward__dtable2_f64_i32_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -26661,7 +26661,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i32_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f64_i32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_i32_g");
@@ -26797,7 +26797,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i32_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f64_i32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_i32_u");
@@ -26895,25 +26895,25 @@ static void k_embedding_backward__dtable2_f64_i64_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -26957,7 +26957,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i64_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f64_i64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_i64_g");
@@ -27093,7 +27093,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_i64_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f64_i64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_i64_u");
@@ -27191,25 +27191,25 @@ static void k_embedding_backward__dtable2_f64_u8_layout(const int64_t *dims, cha
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -27253,7 +27253,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u8_g(const opgen_buf_t *
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f64_u8_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_u8_g");
@@ -27389,7 +27389,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u8_u(const opgen_buf_t *
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f64_u8_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_u8_u");
@@ -27487,25 +27487,25 @@ static void k_embedding_backward__dtable2_f64_u16_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -27549,7 +27549,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u16_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f64_u16_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_u16_g");
@@ -27685,7 +27685,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u16_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f64_u16_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_u16_u");
@@ -27783,25 +27783,25 @@ static void k_embedding_backward__dtable2_f64_u32_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -27845,7 +27845,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u32_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f64_u32_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_u32_g");
@@ -27981,7 +27981,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u32_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f64_u32_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_u32_u");
@@ -28079,25 +28079,25 @@ static void k_embedding_backward__dtable2_f64_u64_layout(const int64_t *dims, ch
     const bool v53 = v51 == v52;
     const int64_t v54 = d_N1;
     const int64_t v55 = v53 ? v52 : v54;
-    const int64_t g1 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v55 - v52, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v54));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v54)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -28141,7 +28141,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u64_g(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v63, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v63), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid66 = opgen_cuda_grid(v64 - v61, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid66 > 0) k_embedding_backward__dtable2_f64_u64_g_k1<<<(unsigned)grid66, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_u64_g");
@@ -28277,7 +28277,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64_u64_u(const opgen_buf_t 
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v71, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v71), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid74 = opgen_cuda_grid(v72 - v69, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid74 > 0) k_embedding_backward__dtable2_f64_u64_u_k1<<<(unsigned)grid74, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64_u64_u");
@@ -28458,42 +28458,42 @@ static void k_embedding_backward__i2_dtable2_f16_i8_layout(const int64_t *dims, 
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -28543,14 +28543,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8_g(const opgen_buf_
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f16_i8_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f16_i8_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_i8_g");
@@ -28800,14 +28800,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i8_u(const opgen_buf_
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f16_i8_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f16_i8_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_i8_u");
@@ -28988,42 +28988,42 @@ static void k_embedding_backward__i2_dtable2_f16_i16_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -29073,14 +29073,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f16_i16_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f16_i16_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_i16_g");
@@ -29330,14 +29330,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i16_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f16_i16_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f16_i16_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_i16_u");
@@ -29518,42 +29518,42 @@ static void k_embedding_backward__i2_dtable2_f16_i32_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -29603,14 +29603,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f16_i32_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f16_i32_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_i32_g");
@@ -29860,14 +29860,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i32_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f16_i32_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f16_i32_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_i32_u");
@@ -30048,42 +30048,42 @@ static void k_embedding_backward__i2_dtable2_f16_i64_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -30133,14 +30133,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f16_i64_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f16_i64_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_i64_g");
@@ -30390,14 +30390,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_i64_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f16_i64_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f16_i64_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_i64_u");
@@ -30578,42 +30578,42 @@ static void k_embedding_backward__i2_dtable2_f16_u8_layout(const int64_t *dims, 
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -30663,14 +30663,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8_g(const opgen_buf_
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f16_u8_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f16_u8_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_u8_g");
@@ -30920,14 +30920,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u8_u(const opgen_buf_
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f16_u8_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f16_u8_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_u8_u");
@@ -31108,42 +31108,42 @@ static void k_embedding_backward__i2_dtable2_f16_u16_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -31193,14 +31193,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f16_u16_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f16_u16_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_u16_g");
@@ -31450,14 +31450,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u16_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f16_u16_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f16_u16_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_u16_u");
@@ -31638,42 +31638,42 @@ static void k_embedding_backward__i2_dtable2_f16_u32_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -31723,14 +31723,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f16_u32_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f16_u32_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_u32_g");
@@ -31980,14 +31980,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u32_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f16_u32_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f16_u32_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_u32_u");
@@ -32168,42 +32168,42 @@ static void k_embedding_backward__i2_dtable2_f16_u64_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -32253,14 +32253,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f16_u64_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f16_u64_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_u64_g");
@@ -32510,14 +32510,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_u64_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f16_u64_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f16_u64_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16_u64_u");
@@ -32698,42 +32698,42 @@ static void k_embedding_backward__i2_dtable2_bf16_i8_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -32783,14 +32783,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_bf16_i8_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_bf16_i8_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_i8_g");
@@ -33040,14 +33040,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i8_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_bf16_i8_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_bf16_i8_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_i8_u");
@@ -33228,42 +33228,42 @@ static void k_embedding_backward__i2_dtable2_bf16_i16_layout(const int64_t *dims
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -33313,14 +33313,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16_g(const opgen_bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_bf16_i16_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_bf16_i16_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_i16_g");
@@ -33570,14 +33570,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i16_u(const opgen_bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_bf16_i16_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_bf16_i16_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_i16_u");
@@ -33758,42 +33758,42 @@ static void k_embedding_backward__i2_dtable2_bf16_i32_layout(const int64_t *dims
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -33843,14 +33843,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32_g(const opgen_bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_bf16_i32_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_bf16_i32_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_i32_g");
@@ -34100,14 +34100,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i32_u(const opgen_bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_bf16_i32_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_bf16_i32_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_i32_u");
@@ -34288,42 +34288,42 @@ static void k_embedding_backward__i2_dtable2_bf16_i64_layout(const int64_t *dims
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -34373,14 +34373,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64_g(const opgen_bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_bf16_i64_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_bf16_i64_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_i64_g");
@@ -34630,14 +34630,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_i64_u(const opgen_bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_bf16_i64_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_bf16_i64_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_i64_u");
@@ -34818,42 +34818,42 @@ static void k_embedding_backward__i2_dtable2_bf16_u8_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -34903,14 +34903,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_bf16_u8_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_bf16_u8_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_u8_g");
@@ -35160,14 +35160,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u8_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_bf16_u8_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_bf16_u8_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_u8_u");
@@ -35348,42 +35348,42 @@ static void k_embedding_backward__i2_dtable2_bf16_u16_layout(const int64_t *dims
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -35433,14 +35433,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16_g(const opgen_bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_bf16_u16_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_bf16_u16_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_u16_g");
@@ -35690,14 +35690,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u16_u(const opgen_bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_bf16_u16_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_bf16_u16_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_u16_u");
@@ -35878,42 +35878,42 @@ static void k_embedding_backward__i2_dtable2_bf16_u32_layout(const int64_t *dims
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -35963,14 +35963,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32_g(const opgen_bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_bf16_u32_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_bf16_u32_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_u32_g");
@@ -36220,14 +36220,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u32_u(const opgen_bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_bf16_u32_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_bf16_u32_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_u32_u");
@@ -36408,42 +36408,42 @@ static void k_embedding_backward__i2_dtable2_bf16_u64_layout(const int64_t *dims
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -36493,14 +36493,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64_g(const opgen_bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_bf16_u64_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_bf16_u64_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_u64_g");
@@ -36750,14 +36750,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_u64_u(const opgen_bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_bf16_u64_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_bf16_u64_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16_u64_u");
@@ -36938,42 +36938,42 @@ static void k_embedding_backward__i2_dtable2_f32_i8_layout(const int64_t *dims, 
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -37023,14 +37023,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8_g(const opgen_buf_
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f32_i8_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f32_i8_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_i8_g");
@@ -37280,14 +37280,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i8_u(const opgen_buf_
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f32_i8_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f32_i8_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_i8_u");
@@ -37468,42 +37468,42 @@ static void k_embedding_backward__i2_dtable2_f32_i16_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -37553,14 +37553,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f32_i16_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f32_i16_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_i16_g");
@@ -37810,14 +37810,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i16_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f32_i16_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f32_i16_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_i16_u");
@@ -37998,42 +37998,42 @@ static void k_embedding_backward__i2_dtable2_f32_i32_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -38083,14 +38083,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f32_i32_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f32_i32_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_i32_g");
@@ -38340,14 +38340,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i32_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f32_i32_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f32_i32_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_i32_u");
@@ -38528,42 +38528,42 @@ static void k_embedding_backward__i2_dtable2_f32_i64_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -38613,14 +38613,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f32_i64_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f32_i64_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_i64_g");
@@ -38870,14 +38870,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_i64_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f32_i64_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f32_i64_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_i64_u");
@@ -39058,42 +39058,42 @@ static void k_embedding_backward__i2_dtable2_f32_u8_layout(const int64_t *dims, 
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -39143,14 +39143,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8_g(const opgen_buf_
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f32_u8_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f32_u8_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_u8_g");
@@ -39400,14 +39400,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u8_u(const opgen_buf_
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f32_u8_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f32_u8_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_u8_u");
@@ -39588,42 +39588,42 @@ static void k_embedding_backward__i2_dtable2_f32_u16_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -39673,14 +39673,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f32_u16_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f32_u16_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_u16_g");
@@ -39930,14 +39930,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u16_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f32_u16_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f32_u16_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_u16_u");
@@ -40118,42 +40118,42 @@ static void k_embedding_backward__i2_dtable2_f32_u32_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -40203,14 +40203,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f32_u32_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f32_u32_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_u32_g");
@@ -40460,14 +40460,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u32_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f32_u32_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f32_u32_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_u32_u");
@@ -40648,42 +40648,42 @@ static void k_embedding_backward__i2_dtable2_f32_u64_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -40733,14 +40733,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f32_u64_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f32_u64_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_u64_g");
@@ -40990,14 +40990,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_u64_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f32_u64_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f32_u64_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32_u64_u");
@@ -41178,42 +41178,42 @@ static void k_embedding_backward__i2_dtable2_f64_i8_layout(const int64_t *dims, 
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -41263,14 +41263,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8_g(const opgen_buf_
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f64_i8_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f64_i8_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_i8_g");
@@ -41520,14 +41520,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i8_u(const opgen_buf_
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f64_i8_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f64_i8_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_i8_u");
@@ -41708,42 +41708,42 @@ static void k_embedding_backward__i2_dtable2_f64_i16_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -41793,14 +41793,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f64_i16_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f64_i16_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_i16_g");
@@ -42050,14 +42050,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i16_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f64_i16_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f64_i16_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_i16_u");
@@ -42238,42 +42238,42 @@ static void k_embedding_backward__i2_dtable2_f64_i32_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -42323,14 +42323,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f64_i32_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f64_i32_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_i32_g");
@@ -42580,14 +42580,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i32_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f64_i32_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f64_i32_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_i32_u");
@@ -42768,42 +42768,42 @@ static void k_embedding_backward__i2_dtable2_f64_i64_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -42853,14 +42853,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f64_i64_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f64_i64_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_i64_g");
@@ -43110,14 +43110,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_i64_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f64_i64_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f64_i64_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_i64_u");
@@ -43298,42 +43298,42 @@ static void k_embedding_backward__i2_dtable2_f64_u8_layout(const int64_t *dims, 
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -43383,14 +43383,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8_g(const opgen_buf_
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f64_u8_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f64_u8_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_u8_g");
@@ -43640,14 +43640,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u8_u(const opgen_buf_
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f64_u8_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f64_u8_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_u8_u");
@@ -43828,42 +43828,42 @@ static void k_embedding_backward__i2_dtable2_f64_u16_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -43913,14 +43913,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f64_u16_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f64_u16_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_u16_g");
@@ -44170,14 +44170,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u16_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f64_u16_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f64_u16_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_u16_u");
@@ -44358,42 +44358,42 @@ static void k_embedding_backward__i2_dtable2_f64_u32_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -44443,14 +44443,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f64_u32_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f64_u32_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_u32_g");
@@ -44700,14 +44700,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u32_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f64_u32_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f64_u32_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_u32_u");
@@ -44888,42 +44888,42 @@ static void k_embedding_backward__i2_dtable2_f64_u64_layout(const int64_t *dims,
     const bool v108 = v106 == v107;
     const int64_t v109 = d_N2;
     const int64_t v110 = v108 ? v107 : v109;
-    const int64_t g2 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(sizeof(double) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v105 - v102, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v110 - v107, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N1, d_N)))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_N2, d_N)))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v104));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v104)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v109));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v109)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[12] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g2)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[13] = ws + off;
-    off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)g3);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)), (size_t)g3)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -44973,14 +44973,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u64_g(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v118, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v118), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid127 = opgen_cuda_grid(v119 - v116, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid127 > 0) k_embedding_backward__i2_dtable2_f64_u64_g_k2<<<(unsigned)grid127, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v123, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v123), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid128 = opgen_cuda_grid(v124 - v121, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid128 > 0) k_embedding_backward__i2_dtable2_f64_u64_g_k3<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_u64_g");
@@ -45230,14 +45230,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64_u64_u(const opgen_buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v134, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v134), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid143 = opgen_cuda_grid(v135 - v132, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid143 > 0) k_embedding_backward__i2_dtable2_f64_u64_u_k2<<<(unsigned)grid143, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v139, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v139), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(double) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid144 = opgen_cuda_grid(v140 - v137, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid144 > 0) k_embedding_backward__i2_dtable2_f64_u64_u_k3<<<(unsigned)grid144, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64_u64_u");

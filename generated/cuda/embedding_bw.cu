@@ -81,25 +81,25 @@ static void k_embedding_bw_u32_f16_bf16_layout(const int64_t *dims, char *ws, ch
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -139,7 +139,7 @@ static opgen_status_t k_embedding_bw_u32_f16_bf16_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_u32_f16_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f16_bf16_g");
@@ -263,7 +263,7 @@ static opgen_status_t k_embedding_bw_u32_f16_bf16_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_u32_f16_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f16_bf16_u");
@@ -355,25 +355,25 @@ static void k_embedding_bw_u32_f16_f32_layout(const int64_t *dims, char *ws, cha
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -413,7 +413,7 @@ static opgen_status_t k_embedding_bw_u32_f16_f32_g(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_u32_f16_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f16_f32_g");
@@ -537,7 +537,7 @@ static opgen_status_t k_embedding_bw_u32_f16_f32_u(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_u32_f16_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f16_f32_u");
@@ -629,25 +629,25 @@ static void k_embedding_bw_u32_bf16_bf16_layout(const int64_t *dims, char *ws, c
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -687,7 +687,7 @@ static opgen_status_t k_embedding_bw_u32_bf16_bf16_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_u32_bf16_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_bf16_bf16_g");
@@ -811,7 +811,7 @@ static opgen_status_t k_embedding_bw_u32_bf16_bf16_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_u32_bf16_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_bf16_bf16_u");
@@ -903,25 +903,25 @@ static void k_embedding_bw_u32_bf16_f32_layout(const int64_t *dims, char *ws, ch
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -961,7 +961,7 @@ static opgen_status_t k_embedding_bw_u32_bf16_f32_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_u32_bf16_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_bf16_f32_g");
@@ -1085,7 +1085,7 @@ static opgen_status_t k_embedding_bw_u32_bf16_f32_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_u32_bf16_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_bf16_f32_u");
@@ -1177,25 +1177,25 @@ static void k_embedding_bw_u32_f32_bf16_layout(const int64_t *dims, char *ws, ch
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -1235,7 +1235,7 @@ static opgen_status_t k_embedding_bw_u32_f32_bf16_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_u32_f32_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f32_bf16_g");
@@ -1359,7 +1359,7 @@ static opgen_status_t k_embedding_bw_u32_f32_bf16_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_u32_f32_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f32_bf16_u");
@@ -1451,25 +1451,25 @@ static void k_embedding_bw_u32_f32_f32_layout(const int64_t *dims, char *ws, cha
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -1509,7 +1509,7 @@ static opgen_status_t k_embedding_bw_u32_f32_f32_g(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_u32_f32_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f32_f32_g");
@@ -1633,7 +1633,7 @@ static opgen_status_t k_embedding_bw_u32_f32_f32_u(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_u32_f32_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f32_f32_u");
@@ -1725,25 +1725,25 @@ static void k_embedding_bw_u32_f64_bf16_layout(const int64_t *dims, char *ws, ch
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -1783,7 +1783,7 @@ static opgen_status_t k_embedding_bw_u32_f64_bf16_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_u32_f64_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f64_bf16_g");
@@ -1907,7 +1907,7 @@ static opgen_status_t k_embedding_bw_u32_f64_bf16_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_u32_f64_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f64_bf16_u");
@@ -1999,25 +1999,25 @@ static void k_embedding_bw_u32_f64_f32_layout(const int64_t *dims, char *ws, cha
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2057,7 +2057,7 @@ static opgen_status_t k_embedding_bw_u32_f64_f32_g(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_u32_f64_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f64_f32_g");
@@ -2181,7 +2181,7 @@ static opgen_status_t k_embedding_bw_u32_f64_f32_u(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_u32_f64_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_u32_f64_f32_u");
@@ -2273,25 +2273,25 @@ static void k_embedding_bw_i32_f16_bf16_layout(const int64_t *dims, char *ws, ch
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2331,7 +2331,7 @@ static opgen_status_t k_embedding_bw_i32_f16_bf16_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i32_f16_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f16_bf16_g");
@@ -2455,7 +2455,7 @@ static opgen_status_t k_embedding_bw_i32_f16_bf16_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i32_f16_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f16_bf16_u");
@@ -2547,25 +2547,25 @@ static void k_embedding_bw_i32_f16_f32_layout(const int64_t *dims, char *ws, cha
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2605,7 +2605,7 @@ static opgen_status_t k_embedding_bw_i32_f16_f32_g(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i32_f16_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f16_f32_g");
@@ -2729,7 +2729,7 @@ static opgen_status_t k_embedding_bw_i32_f16_f32_u(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i32_f16_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f16_f32_u");
@@ -2821,25 +2821,25 @@ static void k_embedding_bw_i32_bf16_bf16_layout(const int64_t *dims, char *ws, c
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2879,7 +2879,7 @@ static opgen_status_t k_embedding_bw_i32_bf16_bf16_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i32_bf16_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_bf16_bf16_g");
@@ -3003,7 +3003,7 @@ static opgen_status_t k_embedding_bw_i32_bf16_bf16_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i32_bf16_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_bf16_bf16_u");
@@ -3095,25 +3095,25 @@ static void k_embedding_bw_i32_bf16_f32_layout(const int64_t *dims, char *ws, ch
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3153,7 +3153,7 @@ static opgen_status_t k_embedding_bw_i32_bf16_f32_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i32_bf16_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_bf16_f32_g");
@@ -3277,7 +3277,7 @@ static opgen_status_t k_embedding_bw_i32_bf16_f32_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i32_bf16_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_bf16_f32_u");
@@ -3369,25 +3369,25 @@ static void k_embedding_bw_i32_f32_bf16_layout(const int64_t *dims, char *ws, ch
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3427,7 +3427,7 @@ static opgen_status_t k_embedding_bw_i32_f32_bf16_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i32_f32_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f32_bf16_g");
@@ -3551,7 +3551,7 @@ static opgen_status_t k_embedding_bw_i32_f32_bf16_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i32_f32_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f32_bf16_u");
@@ -3643,25 +3643,25 @@ static void k_embedding_bw_i32_f32_f32_layout(const int64_t *dims, char *ws, cha
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3701,7 +3701,7 @@ static opgen_status_t k_embedding_bw_i32_f32_f32_g(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i32_f32_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f32_f32_g");
@@ -3825,7 +3825,7 @@ static opgen_status_t k_embedding_bw_i32_f32_f32_u(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i32_f32_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f32_f32_u");
@@ -3917,25 +3917,25 @@ static void k_embedding_bw_i32_f64_bf16_layout(const int64_t *dims, char *ws, ch
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3975,7 +3975,7 @@ static opgen_status_t k_embedding_bw_i32_f64_bf16_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i32_f64_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f64_bf16_g");
@@ -4099,7 +4099,7 @@ static opgen_status_t k_embedding_bw_i32_f64_bf16_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i32_f64_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f64_bf16_u");
@@ -4191,25 +4191,25 @@ static void k_embedding_bw_i32_f64_f32_layout(const int64_t *dims, char *ws, cha
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -4249,7 +4249,7 @@ static opgen_status_t k_embedding_bw_i32_f64_f32_g(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i32_f64_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f64_f32_g");
@@ -4373,7 +4373,7 @@ static opgen_status_t k_embedding_bw_i32_f64_f32_u(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i32_f64_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i32_f64_f32_u");
@@ -4465,25 +4465,25 @@ static void k_embedding_bw_i64_f16_bf16_layout(const int64_t *dims, char *ws, ch
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -4523,7 +4523,7 @@ static opgen_status_t k_embedding_bw_i64_f16_bf16_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i64_f16_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f16_bf16_g");
@@ -4647,7 +4647,7 @@ static opgen_status_t k_embedding_bw_i64_f16_bf16_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i64_f16_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f16_bf16_u");
@@ -4739,25 +4739,25 @@ static void k_embedding_bw_i64_f16_f32_layout(const int64_t *dims, char *ws, cha
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -4797,7 +4797,7 @@ static opgen_status_t k_embedding_bw_i64_f16_f32_g(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i64_f16_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f16_f32_g");
@@ -4921,7 +4921,7 @@ static opgen_status_t k_embedding_bw_i64_f16_f32_u(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i64_f16_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f16_f32_u");
@@ -5013,25 +5013,25 @@ static void k_embedding_bw_i64_bf16_bf16_layout(const int64_t *dims, char *ws, c
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -5071,7 +5071,7 @@ static opgen_status_t k_embedding_bw_i64_bf16_bf16_g(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i64_bf16_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_bf16_bf16_g");
@@ -5195,7 +5195,7 @@ static opgen_status_t k_embedding_bw_i64_bf16_bf16_u(const opgen_buf_t *bufs, co
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i64_bf16_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_bf16_bf16_u");
@@ -5287,25 +5287,25 @@ static void k_embedding_bw_i64_bf16_f32_layout(const int64_t *dims, char *ws, ch
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -5345,7 +5345,7 @@ static opgen_status_t k_embedding_bw_i64_bf16_f32_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i64_bf16_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_bf16_f32_g");
@@ -5469,7 +5469,7 @@ static opgen_status_t k_embedding_bw_i64_bf16_f32_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i64_bf16_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_bf16_f32_u");
@@ -5561,25 +5561,25 @@ static void k_embedding_bw_i64_f32_bf16_layout(const int64_t *dims, char *ws, ch
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -5619,7 +5619,7 @@ static opgen_status_t k_embedding_bw_i64_f32_bf16_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i64_f32_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f32_bf16_g");
@@ -5743,7 +5743,7 @@ static opgen_status_t k_embedding_bw_i64_f32_bf16_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i64_f32_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f32_bf16_u");
@@ -5835,25 +5835,25 @@ static void k_embedding_bw_i64_f32_f32_layout(const int64_t *dims, char *ws, cha
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -5893,7 +5893,7 @@ static opgen_status_t k_embedding_bw_i64_f32_f32_g(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i64_f32_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f32_f32_g");
@@ -6017,7 +6017,7 @@ static opgen_status_t k_embedding_bw_i64_f32_f32_u(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i64_f32_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f32_f32_u");
@@ -6109,25 +6109,25 @@ static void k_embedding_bw_i64_f64_bf16_layout(const int64_t *dims, char *ws, ch
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6167,7 +6167,7 @@ static opgen_status_t k_embedding_bw_i64_f64_bf16_g(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i64_f64_bf16_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f64_bf16_g");
@@ -6291,7 +6291,7 @@ static opgen_status_t k_embedding_bw_i64_f64_bf16_u(const opgen_buf_t *bufs, con
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i64_f64_bf16_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f64_bf16_u");
@@ -6383,25 +6383,25 @@ static void k_embedding_bw_i64_f64_f32_layout(const int64_t *dims, char *ws, cha
     const bool v46 = v44 == v45;
     const int64_t v47 = d_V;
     const int64_t v48 = v46 ? v45 : v47;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v45, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v47));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v47)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6441,7 +6441,7 @@ static opgen_status_t k_embedding_bw_i64_f64_f32_g(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid57 = opgen_cuda_grid(v55 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid57 > 0) k_embedding_bw_i64_f64_f32_g_k1<<<(unsigned)grid57, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f64_f32_g");
@@ -6565,7 +6565,7 @@ static opgen_status_t k_embedding_bw_i64_f64_f32_u(const opgen_buf_t *bufs, cons
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v58, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v58), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid61 = opgen_cuda_grid(v59 - v56, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid61 > 0) k_embedding_bw_i64_f64_f32_u_k1<<<(unsigned)grid61, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_i64_f64_f32_u");

@@ -104,25 +104,25 @@ static void k_embedding_dense_backward_f32_f32_layout(const int64_t *dims, char 
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -162,7 +162,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f32_g(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f32_f32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f32_g");
@@ -314,7 +314,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f32_u(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f32_f32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f32_u");
@@ -429,25 +429,25 @@ static void k_embedding_dense_backward_f32_f16_layout(const int64_t *dims, char 
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -487,7 +487,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f16_g(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f32_f16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f16_g");
@@ -639,7 +639,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f16_u(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f32_f16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f16_u");
@@ -754,25 +754,25 @@ static void k_embedding_dense_backward_f32_f64_layout(const int64_t *dims, char 
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -812,7 +812,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f64_g(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f32_f64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f64_g");
@@ -964,7 +964,7 @@ static opgen_status_t k_embedding_dense_backward_f32_f64_u(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f32_f64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_f64_u");
@@ -1079,25 +1079,25 @@ static void k_embedding_dense_backward_f32_i32_layout(const int64_t *dims, char 
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -1137,7 +1137,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i32_g(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f32_i32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i32_g");
@@ -1289,7 +1289,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i32_u(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f32_i32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i32_u");
@@ -1404,25 +1404,25 @@ static void k_embedding_dense_backward_f32_i64_layout(const int64_t *dims, char 
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -1462,7 +1462,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i64_g(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f32_i64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i64_g");
@@ -1614,7 +1614,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i64_u(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f32_i64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i64_u");
@@ -1729,25 +1729,25 @@ static void k_embedding_dense_backward_f32_i16_layout(const int64_t *dims, char 
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -1787,7 +1787,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i16_g(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f32_i16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i16_g");
@@ -1939,7 +1939,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i16_u(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f32_i16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i16_u");
@@ -2054,25 +2054,25 @@ static void k_embedding_dense_backward_f32_i8_layout(const int64_t *dims, char *
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2112,7 +2112,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i8_g(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f32_i8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i8_g");
@@ -2264,7 +2264,7 @@ static opgen_status_t k_embedding_dense_backward_f32_i8_u(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f32_i8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_i8_u");
@@ -2379,25 +2379,25 @@ static void k_embedding_dense_backward_f32_u8_layout(const int64_t *dims, char *
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2437,7 +2437,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u8_g(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f32_u8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_u8_g");
@@ -2589,7 +2589,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u8_u(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f32_u8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_u8_u");
@@ -2704,25 +2704,25 @@ static void k_embedding_dense_backward_f32_bool_layout(const int64_t *dims, char
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2762,7 +2762,7 @@ static opgen_status_t k_embedding_dense_backward_f32_bool_g(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f32_bool_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_bool_g");
@@ -2914,7 +2914,7 @@ static opgen_status_t k_embedding_dense_backward_f32_bool_u(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f32_bool_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_bool_u");
@@ -3029,25 +3029,25 @@ static void k_embedding_dense_backward_f16_f32_layout(const int64_t *dims, char 
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3087,7 +3087,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f32_g(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f16_f32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f32_g");
@@ -3239,7 +3239,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f32_u(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f16_f32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f32_u");
@@ -3354,25 +3354,25 @@ static void k_embedding_dense_backward_f16_f16_layout(const int64_t *dims, char 
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3412,7 +3412,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f16_g(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f16_f16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f16_g");
@@ -3564,7 +3564,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f16_u(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f16_f16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f16_u");
@@ -3679,25 +3679,25 @@ static void k_embedding_dense_backward_f16_f64_layout(const int64_t *dims, char 
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3737,7 +3737,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f64_g(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f16_f64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f64_g");
@@ -3889,7 +3889,7 @@ static opgen_status_t k_embedding_dense_backward_f16_f64_u(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f16_f64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_f64_u");
@@ -4004,25 +4004,25 @@ static void k_embedding_dense_backward_f16_i32_layout(const int64_t *dims, char 
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -4062,7 +4062,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i32_g(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f16_i32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i32_g");
@@ -4214,7 +4214,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i32_u(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f16_i32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i32_u");
@@ -4329,25 +4329,25 @@ static void k_embedding_dense_backward_f16_i64_layout(const int64_t *dims, char 
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -4387,7 +4387,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i64_g(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f16_i64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i64_g");
@@ -4539,7 +4539,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i64_u(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f16_i64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i64_u");
@@ -4654,25 +4654,25 @@ static void k_embedding_dense_backward_f16_i16_layout(const int64_t *dims, char 
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -4712,7 +4712,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i16_g(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f16_i16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i16_g");
@@ -4864,7 +4864,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i16_u(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f16_i16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i16_u");
@@ -4979,25 +4979,25 @@ static void k_embedding_dense_backward_f16_i8_layout(const int64_t *dims, char *
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -5037,7 +5037,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i8_g(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f16_i8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i8_g");
@@ -5189,7 +5189,7 @@ static opgen_status_t k_embedding_dense_backward_f16_i8_u(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f16_i8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_i8_u");
@@ -5304,25 +5304,25 @@ static void k_embedding_dense_backward_f16_u8_layout(const int64_t *dims, char *
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -5362,7 +5362,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u8_g(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f16_u8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_u8_g");
@@ -5514,7 +5514,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u8_u(const opgen_buf_t *buf
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f16_u8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_u8_u");
@@ -5629,25 +5629,25 @@ static void k_embedding_dense_backward_f16_bool_layout(const int64_t *dims, char
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -5687,7 +5687,7 @@ static opgen_status_t k_embedding_dense_backward_f16_bool_g(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_f16_bool_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_bool_g");
@@ -5839,7 +5839,7 @@ static opgen_status_t k_embedding_dense_backward_f16_bool_u(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_f16_bool_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_bool_u");
@@ -5954,25 +5954,25 @@ static void k_embedding_dense_backward_bf16_f32_layout(const int64_t *dims, char
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6012,7 +6012,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32_g(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_bf16_f32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f32_g");
@@ -6164,7 +6164,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f32_u(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_bf16_f32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f32_u");
@@ -6279,25 +6279,25 @@ static void k_embedding_dense_backward_bf16_f16_layout(const int64_t *dims, char
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6337,7 +6337,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16_g(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_bf16_f16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f16_g");
@@ -6489,7 +6489,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f16_u(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_bf16_f16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f16_u");
@@ -6604,25 +6604,25 @@ static void k_embedding_dense_backward_bf16_f64_layout(const int64_t *dims, char
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6662,7 +6662,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64_g(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_bf16_f64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f64_g");
@@ -6814,7 +6814,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_f64_u(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_bf16_f64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_f64_u");
@@ -6929,25 +6929,25 @@ static void k_embedding_dense_backward_bf16_i32_layout(const int64_t *dims, char
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6987,7 +6987,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32_g(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_bf16_i32_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i32_g");
@@ -7139,7 +7139,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i32_u(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_bf16_i32_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i32_u");
@@ -7254,25 +7254,25 @@ static void k_embedding_dense_backward_bf16_i64_layout(const int64_t *dims, char
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -7312,7 +7312,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64_g(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_bf16_i64_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i64_g");
@@ -7464,7 +7464,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i64_u(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_bf16_i64_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i64_u");
@@ -7579,25 +7579,25 @@ static void k_embedding_dense_backward_bf16_i16_layout(const int64_t *dims, char
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -7637,7 +7637,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16_g(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_bf16_i16_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i16_g");
@@ -7789,7 +7789,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i16_u(const opgen_buf_t *b
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_bf16_i16_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i16_u");
@@ -7904,25 +7904,25 @@ static void k_embedding_dense_backward_bf16_i8_layout(const int64_t *dims, char 
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -7962,7 +7962,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8_g(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_bf16_i8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i8_g");
@@ -8114,7 +8114,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_i8_u(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_bf16_i8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_i8_u");
@@ -8229,25 +8229,25 @@ static void k_embedding_dense_backward_bf16_u8_layout(const int64_t *dims, char 
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -8287,7 +8287,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8_g(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_bf16_u8_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_u8_g");
@@ -8439,7 +8439,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u8_u(const opgen_buf_t *bu
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_bf16_u8_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_u8_u");
@@ -8554,25 +8554,25 @@ static void k_embedding_dense_backward_bf16_bool_layout(const int64_t *dims, cha
     const bool v64 = v62 == v63;
     const int64_t v65 = d_V;
     const int64_t v66 = v64 ? v63 : v65;
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v66 - v63, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(opgen_seg_words(d_V, d_N)))));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(opgen_cuda_segments_tmp(d_N, v65));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v65)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g1)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -8612,7 +8612,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_bool_g(const opgen_buf_t *
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v72, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v72), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid75 = opgen_cuda_grid(v73 - v70, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid75 > 0) k_embedding_dense_backward_bf16_bool_g_k1<<<(unsigned)grid75, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_bool_g");
@@ -8764,7 +8764,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_bool_u(const opgen_buf_t *
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v80, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v80), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid83 = opgen_cuda_grid(v81 - v78, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid83 > 0) k_embedding_dense_backward_bf16_bool_u_k1<<<(unsigned)grid83, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_bool_u");

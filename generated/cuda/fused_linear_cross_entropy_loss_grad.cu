@@ -47,10 +47,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -151,10 +151,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -239,29 +239,29 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_layout(co
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -308,15 +308,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32");
@@ -368,10 +368,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -472,10 +472,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -560,29 +560,29 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_layout(co
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -629,15 +629,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64");
@@ -689,10 +689,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -793,10 +793,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -881,29 +881,29 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_layout(
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -950,15 +950,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32");
@@ -1010,10 +1010,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -1114,10 +1114,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -1202,29 +1202,29 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_layout(
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -1271,15 +1271,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64");
@@ -1331,10 +1331,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -1435,10 +1435,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -1523,29 +1523,29 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_layout(c
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -1592,15 +1592,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i3
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32");
@@ -1652,10 +1652,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -1756,10 +1756,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -1844,29 +1844,29 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_layout(c
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -1913,15 +1913,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i6
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64");
@@ -1973,10 +1973,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -2077,10 +2077,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -2165,29 +2165,29 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_layout
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2234,15 +2234,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32");
@@ -2294,10 +2294,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -2398,10 +2398,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -2486,29 +2486,29 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_layout
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2555,15 +2555,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64");
@@ -2619,11 +2619,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
     const int64_t v16 = d_H;
-    const int64_t v17 = ((d_V + 255) / 256);
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v18 = 256ll;
     const int64_t v19 = d_V;
     const float v20 = 1.0f;
@@ -2750,11 +2750,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v88 = 0ll;
-    const int64_t v89 = ((d_V + 255) / 256);
+    const int64_t v89 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v90 = 256ll;
     const int64_t v91 = d_V;
     const int64_t v92 = d_H;
-    const int64_t v93 = ((d_BT + 63) / 64);
+    const int64_t v93 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v94 = 64ll;
     const int64_t v95 = d_BT;
     const float v96 = 1.0f;
@@ -2861,37 +2861,37 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f1
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v164 = 0ll;
-    const int64_t v165 = ((d_BT + 63) / 64);
+    const int64_t v165 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v166 = 0ll;
-    const int64_t v167 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
+    const int64_t v167 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -2938,15 +2938,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v178 = 0ll;
     const int64_t v179 = d_BT;
     const int64_t v180 = 0ll;
-    const int64_t v181 = ((d_BT + 63) / 64);
+    const int64_t v181 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v182 = 0ll;
-    const int64_t v183 = ((d_V + 255) / 256);
+    const int64_t v183 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid184 = opgen_cuda_grid((v179 - v178 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid184 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_k0<<<(unsigned)grid184, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid185 = opgen_cuda_grid(v181 - v180, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid185 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_k1<<<(unsigned)grid185, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid186 = opgen_cuda_grid(v183 - v182, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid186 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_k2<<<(unsigned)grid186, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32");
@@ -3002,11 +3002,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
     const int64_t v16 = d_H;
-    const int64_t v17 = ((d_V + 255) / 256);
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v18 = 256ll;
     const int64_t v19 = d_V;
     const float v20 = 1.0f;
@@ -3133,11 +3133,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v88 = 0ll;
-    const int64_t v89 = ((d_V + 255) / 256);
+    const int64_t v89 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v90 = 256ll;
     const int64_t v91 = d_V;
     const int64_t v92 = d_H;
-    const int64_t v93 = ((d_BT + 63) / 64);
+    const int64_t v93 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v94 = 64ll;
     const int64_t v95 = d_BT;
     const float v96 = 1.0f;
@@ -3244,37 +3244,37 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f1
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v164 = 0ll;
-    const int64_t v165 = ((d_BT + 63) / 64);
+    const int64_t v165 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v166 = 0ll;
-    const int64_t v167 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
+    const int64_t v167 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3321,15 +3321,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v178 = 0ll;
     const int64_t v179 = d_BT;
     const int64_t v180 = 0ll;
-    const int64_t v181 = ((d_BT + 63) / 64);
+    const int64_t v181 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v182 = 0ll;
-    const int64_t v183 = ((d_V + 255) / 256);
+    const int64_t v183 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid184 = opgen_cuda_grid((v179 - v178 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid184 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_k0<<<(unsigned)grid184, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid185 = opgen_cuda_grid(v181 - v180, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid185 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_k1<<<(unsigned)grid185, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid186 = opgen_cuda_grid(v183 - v182, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid186 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_k2<<<(unsigned)grid186, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64");
@@ -3385,11 +3385,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
     const int64_t v16 = d_H;
-    const int64_t v17 = ((d_V + 255) / 256);
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v18 = 256ll;
     const int64_t v19 = d_V;
     const float v20 = 1.0f;
@@ -3516,11 +3516,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v88 = 0ll;
-    const int64_t v89 = ((d_V + 255) / 256);
+    const int64_t v89 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v90 = 256ll;
     const int64_t v91 = d_V;
     const int64_t v92 = d_H;
-    const int64_t v93 = ((d_BT + 63) / 64);
+    const int64_t v93 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v94 = 64ll;
     const int64_t v95 = d_BT;
     const float v96 = 1.0f;
@@ -3627,37 +3627,37 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f1
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v164 = 0ll;
-    const int64_t v165 = ((d_BT + 63) / 64);
+    const int64_t v165 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v166 = 0ll;
-    const int64_t v167 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
+    const int64_t v167 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -3704,15 +3704,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v178 = 0ll;
     const int64_t v179 = d_BT;
     const int64_t v180 = 0ll;
-    const int64_t v181 = ((d_BT + 63) / 64);
+    const int64_t v181 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v182 = 0ll;
-    const int64_t v183 = ((d_V + 255) / 256);
+    const int64_t v183 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid184 = opgen_cuda_grid((v179 - v178 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid184 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_k0<<<(unsigned)grid184, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid185 = opgen_cuda_grid(v181 - v180, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid185 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_k1<<<(unsigned)grid185, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid186 = opgen_cuda_grid(v183 - v182, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid186 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_k2<<<(unsigned)grid186, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32");
@@ -3768,11 +3768,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
     const int64_t v16 = d_H;
-    const int64_t v17 = ((d_V + 255) / 256);
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v18 = 256ll;
     const int64_t v19 = d_V;
     const float v20 = 1.0f;
@@ -3899,11 +3899,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v88 = 0ll;
-    const int64_t v89 = ((d_V + 255) / 256);
+    const int64_t v89 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v90 = 256ll;
     const int64_t v91 = d_V;
     const int64_t v92 = d_H;
-    const int64_t v93 = ((d_BT + 63) / 64);
+    const int64_t v93 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v94 = 64ll;
     const int64_t v95 = d_BT;
     const float v96 = 1.0f;
@@ -4010,37 +4010,37 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f1
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v164 = 0ll;
-    const int64_t v165 = ((d_BT + 63) / 64);
+    const int64_t v165 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v166 = 0ll;
-    const int64_t v167 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
+    const int64_t v167 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -4087,15 +4087,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v178 = 0ll;
     const int64_t v179 = d_BT;
     const int64_t v180 = 0ll;
-    const int64_t v181 = ((d_BT + 63) / 64);
+    const int64_t v181 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v182 = 0ll;
-    const int64_t v183 = ((d_V + 255) / 256);
+    const int64_t v183 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid184 = opgen_cuda_grid((v179 - v178 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid184 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_k0<<<(unsigned)grid184, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid185 = opgen_cuda_grid(v181 - v180, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid185 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_k1<<<(unsigned)grid185, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid186 = opgen_cuda_grid(v183 - v182, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid186 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_k2<<<(unsigned)grid186, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64");
@@ -4151,11 +4151,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
     const int64_t v16 = d_H;
-    const int64_t v17 = ((d_V + 255) / 256);
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v18 = 256ll;
     const int64_t v19 = d_V;
     const float v20 = 1.0f;
@@ -4282,11 +4282,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v88 = 0ll;
-    const int64_t v89 = ((d_V + 255) / 256);
+    const int64_t v89 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v90 = 256ll;
     const int64_t v91 = d_V;
     const int64_t v92 = d_H;
-    const int64_t v93 = ((d_BT + 63) / 64);
+    const int64_t v93 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v94 = 64ll;
     const int64_t v95 = d_BT;
     const float v96 = 1.0f;
@@ -4393,37 +4393,37 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v164 = 0ll;
-    const int64_t v165 = ((d_BT + 63) / 64);
+    const int64_t v165 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v166 = 0ll;
-    const int64_t v167 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
+    const int64_t v167 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -4470,15 +4470,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v178 = 0ll;
     const int64_t v179 = d_BT;
     const int64_t v180 = 0ll;
-    const int64_t v181 = ((d_BT + 63) / 64);
+    const int64_t v181 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v182 = 0ll;
-    const int64_t v183 = ((d_V + 255) / 256);
+    const int64_t v183 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid184 = opgen_cuda_grid((v179 - v178 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid184 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_k0<<<(unsigned)grid184, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid185 = opgen_cuda_grid(v181 - v180, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid185 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_k1<<<(unsigned)grid185, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid186 = opgen_cuda_grid(v183 - v182, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid186 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_k2<<<(unsigned)grid186, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32");
@@ -4534,11 +4534,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
     const int64_t v16 = d_H;
-    const int64_t v17 = ((d_V + 255) / 256);
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v18 = 256ll;
     const int64_t v19 = d_V;
     const float v20 = 1.0f;
@@ -4665,11 +4665,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v88 = 0ll;
-    const int64_t v89 = ((d_V + 255) / 256);
+    const int64_t v89 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v90 = 256ll;
     const int64_t v91 = d_V;
     const int64_t v92 = d_H;
-    const int64_t v93 = ((d_BT + 63) / 64);
+    const int64_t v93 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v94 = 64ll;
     const int64_t v95 = d_BT;
     const float v96 = 1.0f;
@@ -4776,37 +4776,37 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v164 = 0ll;
-    const int64_t v165 = ((d_BT + 63) / 64);
+    const int64_t v165 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v166 = 0ll;
-    const int64_t v167 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
+    const int64_t v167 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -4853,15 +4853,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v178 = 0ll;
     const int64_t v179 = d_BT;
     const int64_t v180 = 0ll;
-    const int64_t v181 = ((d_BT + 63) / 64);
+    const int64_t v181 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v182 = 0ll;
-    const int64_t v183 = ((d_V + 255) / 256);
+    const int64_t v183 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid184 = opgen_cuda_grid((v179 - v178 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid184 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_k0<<<(unsigned)grid184, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid185 = opgen_cuda_grid(v181 - v180, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid185 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_k1<<<(unsigned)grid185, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid186 = opgen_cuda_grid(v183 - v182, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid186 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_k2<<<(unsigned)grid186, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64");
@@ -4917,11 +4917,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
     const int64_t v16 = d_H;
-    const int64_t v17 = ((d_V + 255) / 256);
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v18 = 256ll;
     const int64_t v19 = d_V;
     const float v20 = 1.0f;
@@ -5048,11 +5048,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v88 = 0ll;
-    const int64_t v89 = ((d_V + 255) / 256);
+    const int64_t v89 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v90 = 256ll;
     const int64_t v91 = d_V;
     const int64_t v92 = d_H;
-    const int64_t v93 = ((d_BT + 63) / 64);
+    const int64_t v93 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v94 = 64ll;
     const int64_t v95 = d_BT;
     const float v96 = 1.0f;
@@ -5159,37 +5159,37 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v164 = 0ll;
-    const int64_t v165 = ((d_BT + 63) / 64);
+    const int64_t v165 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v166 = 0ll;
-    const int64_t v167 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
+    const int64_t v167 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -5236,15 +5236,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v178 = 0ll;
     const int64_t v179 = d_BT;
     const int64_t v180 = 0ll;
-    const int64_t v181 = ((d_BT + 63) / 64);
+    const int64_t v181 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v182 = 0ll;
-    const int64_t v183 = ((d_V + 255) / 256);
+    const int64_t v183 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid184 = opgen_cuda_grid((v179 - v178 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid184 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_k0<<<(unsigned)grid184, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid185 = opgen_cuda_grid(v181 - v180, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid185 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_k1<<<(unsigned)grid185, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid186 = opgen_cuda_grid(v183 - v182, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid186 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_k2<<<(unsigned)grid186, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32");
@@ -5300,11 +5300,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
     const int64_t v16 = d_H;
-    const int64_t v17 = ((d_V + 255) / 256);
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v18 = 256ll;
     const int64_t v19 = d_V;
     const float v20 = 1.0f;
@@ -5431,11 +5431,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v88 = 0ll;
-    const int64_t v89 = ((d_V + 255) / 256);
+    const int64_t v89 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v90 = 256ll;
     const int64_t v91 = d_V;
     const int64_t v92 = d_H;
-    const int64_t v93 = ((d_BT + 63) / 64);
+    const int64_t v93 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v94 = 64ll;
     const int64_t v95 = d_BT;
     const float v96 = 1.0f;
@@ -5542,37 +5542,37 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v164 = 0ll;
-    const int64_t v165 = ((d_BT + 63) / 64);
+    const int64_t v165 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v166 = 0ll;
-    const int64_t v167 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)); /* 0: shared memory */
+    const int64_t v167 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v165 - v164, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v167 - v166, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[6] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[7] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[8] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[9] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -5619,15 +5619,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v178 = 0ll;
     const int64_t v179 = d_BT;
     const int64_t v180 = 0ll;
-    const int64_t v181 = ((d_BT + 63) / 64);
+    const int64_t v181 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v182 = 0ll;
-    const int64_t v183 = ((d_V + 255) / 256);
+    const int64_t v183 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid184 = opgen_cuda_grid((v179 - v178 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid184 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_k0<<<(unsigned)grid184, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid185 = opgen_cuda_grid(v181 - v180, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid185 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_k1<<<(unsigned)grid185, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid186 = opgen_cuda_grid(v183 - v182, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
     if (grid186 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_k2<<<(unsigned)grid186, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64");
@@ -5679,10 +5679,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -5783,10 +5783,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -5871,29 +5871,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i3
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -5940,15 +5940,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32");
@@ -6000,10 +6000,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -6104,10 +6104,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -6192,29 +6192,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i6
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6261,15 +6261,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64");
@@ -6321,10 +6321,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -6425,10 +6425,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -6513,29 +6513,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6582,15 +6582,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32");
@@ -6642,10 +6642,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -6746,10 +6746,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -6834,29 +6834,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -6903,15 +6903,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64");
@@ -6963,10 +6963,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -7067,10 +7067,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -7155,29 +7155,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -7224,15 +7224,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32");
@@ -7284,10 +7284,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -7388,10 +7388,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -7476,29 +7476,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -7545,15 +7545,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64");
@@ -7605,10 +7605,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -7709,10 +7709,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -7797,29 +7797,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -7866,15 +7866,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32");
@@ -7926,10 +7926,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -8030,10 +8030,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -8118,29 +8118,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -8187,15 +8187,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64");
@@ -8247,10 +8247,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -8351,10 +8351,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -8439,29 +8439,29 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -8508,15 +8508,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32");
@@ -8568,10 +8568,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -8672,10 +8672,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -8760,29 +8760,29 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -8829,15 +8829,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64");
@@ -8889,10 +8889,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -8993,10 +8993,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -9081,29 +9081,29 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_b
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -9150,15 +9150,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32");
@@ -9210,10 +9210,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -9314,10 +9314,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -9402,29 +9402,29 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_b
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -9471,15 +9471,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64");
@@ -9531,10 +9531,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -9635,10 +9635,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -9723,29 +9723,29 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -9792,15 +9792,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32");
@@ -9852,10 +9852,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -9956,10 +9956,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -10044,29 +10044,29 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -10113,15 +10113,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64");
@@ -10173,10 +10173,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -10277,10 +10277,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -10365,29 +10365,29 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -10434,15 +10434,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32");
@@ -10494,10 +10494,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -10598,10 +10598,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -10686,29 +10686,29 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -10755,15 +10755,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64");
@@ -10815,10 +10815,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -10919,10 +10919,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -11007,29 +11007,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -11076,15 +11076,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32");
@@ -11136,10 +11136,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -11240,10 +11240,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -11328,29 +11328,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -11397,15 +11397,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64");
@@ -11457,10 +11457,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -11561,10 +11561,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -11649,29 +11649,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -11718,15 +11718,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32");
@@ -11778,10 +11778,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -11882,10 +11882,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -11970,29 +11970,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -12039,15 +12039,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64");
@@ -12099,10 +12099,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -12203,10 +12203,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -12291,29 +12291,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -12360,15 +12360,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32");
@@ -12420,10 +12420,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -12524,10 +12524,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -12612,29 +12612,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -12681,15 +12681,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64");
@@ -12741,10 +12741,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -12845,10 +12845,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -12933,29 +12933,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -13002,15 +13002,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32");
@@ -13062,10 +13062,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v12 = 0ll;
-    const int64_t v13 = ((d_BT + 63) / 64);
+    const int64_t v13 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v14 = 64ll;
     const int64_t v15 = d_BT;
-    const int64_t v16 = ((d_V + 255) / 256);
+    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v17 = 256ll;
     const int64_t v18 = d_V;
     const float v19 = 1.0f;
@@ -13166,10 +13166,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
     const int64_t v73 = 0ll;
-    const int64_t v74 = ((d_V + 255) / 256);
+    const int64_t v74 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t v75 = 256ll;
     const int64_t v76 = d_V;
-    const int64_t v77 = ((d_BT + 63) / 64);
+    const int64_t v77 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v78 = 64ll;
     const int64_t v79 = d_BT;
     const float v80 = 1.0f;
@@ -13254,29 +13254,29 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
     const int64_t v134 = 0ll;
-    const int64_t v135 = ((d_BT + 63) / 64);
+    const int64_t v135 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v136 = 0ll;
-    const int64_t v137 = ((d_V + 255) / 256);
-    const int64_t g1 = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)); /* 0: shared memory */
-    const int64_t g2 = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)); /* 0: shared memory */
+    const int64_t v137 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v135 - v134, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v137 - v136, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g1)));
     if (wsp) wsp[2] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g1);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g1)));
     if (off > end) end = off;
     off = arena;
     if (wsp) wsp[3] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (wsp) wsp[4] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))), (size_t)g2)));
     if (wsp) wsp[5] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H * (size_t)g2);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))), (size_t)g2)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -13323,15 +13323,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v148 = 0ll;
     const int64_t v149 = d_BT;
     const int64_t v150 = 0ll;
-    const int64_t v151 = ((d_BT + 63) / 64);
+    const int64_t v151 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v152 = 0ll;
-    const int64_t v153 = ((d_V + 255) / 256);
+    const int64_t v153 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t grid154 = opgen_cuda_grid((v149 - v148 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid154 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_k0<<<(unsigned)grid154, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid155 = opgen_cuda_grid(v151 - v150, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
     if (grid155 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_k1<<<(unsigned)grid155, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
-    a.smem = (opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid156 = opgen_cuda_grid(v153 - v152, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
     if (grid156 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_k2<<<(unsigned)grid156, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64");

@@ -23,6 +23,21 @@ typedef struct {
     const int64_t *ro;
 } opgen_buf_t;
 
+/* saturating size arithmetic: SIZE_MAX means "does not fit in size_t" and is sticky (an operand
+ * of SIZE_MAX gives SIZE_MAX, even times 0). Workspace sizes are computed with these; the binder
+ * turns a SIZE_MAX size into OPGEN_ERR_SHAPE. */
+static inline size_t opgen_sz_mul(size_t a, size_t b) {
+    size_t r;
+    if (a == SIZE_MAX || b == SIZE_MAX || __builtin_mul_overflow(a, b, &r)) return SIZE_MAX;
+    return r;
+}
+static inline size_t opgen_sz_add(size_t a, size_t b) {
+    size_t r;
+    if (__builtin_add_overflow(a, b, &r)) return SIZE_MAX;
+    return r;
+}
+static inline size_t opgen_sz_dim(int64_t d) { return d < 0 ? SIZE_MAX : (size_t)d; }
+
 typedef union {
     float f;
     int64_t i;
@@ -138,7 +153,10 @@ static inline __host__ __device__ int64_t opgen_seg_start(const int64_t *seg, in
 /* OPGEN_SUCCESS, or OPGEN_ERR_INTERNAL with the CUDA error of the last launch. */
 opgen_status_t opgen_cuda_launched(const char *what);
 
-static inline __host__ __device__ size_t opgen_align(size_t x) { return (x + 255) & ~(size_t)255; }
+/* Round up to 256 bytes; saturates (SIZE_MAX stays SIZE_MAX: a workspace that does not fit). */
+static inline __host__ __device__ size_t opgen_align(size_t x) {
+    return x > SIZE_MAX - 255 ? SIZE_MAX : (x + 255) & ~(size_t)255;
+}
 
 /* ---- device side ---- */
 #ifndef OPGEN_HOST_MODEL /* (the CPU model used by the tests provides its own) */

@@ -20,7 +20,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const bool v4 = v2 == v3;
     const bool v5 = v2 == v3;
     const bool v6 = v4 && v5;
-    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v8 = v6 ? v3 : v7;
     const int64_t v9 = 32ll;
     const int64_t v10 = d_N;
@@ -111,7 +111,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     float *__restrict__ t1 = (float *)a.wsp[0];
     const int64_t v81 = 0ll;
     const int64_t v82 = d_D;
-    const int64_t v83 = ((d_N + 31) / 32);
+    const int64_t v83 = (d_N / 32 + (d_N % 32 != 0));
     for (int64_t i84 = v81 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i84 < v82; i84 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         float l85 = (float)0;
         for (int64_t i86 = v81; i86 < v83; i86++) {
@@ -131,17 +131,17 @@ static void k_rms_norm_backward_f16_layout(const int64_t *dims, char *ws, char *
     const bool v91 = v89 == v90;
     const bool v92 = v89 == v90;
     const bool v93 = v91 && v92;
-    const int64_t v94 = ((d_N + 31) / 32);
+    const int64_t v94 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v95 = v93 ? v90 : v94;
-    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v95 - v90, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g0 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v95 - v90, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 32 + (d_N % 32 != 0))), opgen_sz_dim(d_D)))));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g0);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g0)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -172,11 +172,11 @@ static opgen_status_t k_rms_norm_backward_f16_g(const opgen_buf_t *bufs, const i
     const bool v98 = v96 == v97;
     const bool v99 = v96 == v97;
     const bool v100 = v98 && v99;
-    const int64_t v101 = ((d_N + 31) / 32);
+    const int64_t v101 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v102 = v100 ? v97 : v101;
     const int64_t v103 = 0ll;
     const int64_t v104 = d_D;
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid105 = opgen_cuda_grid(v102 - v97, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid105 > 0) k_rms_norm_backward_f16_g_k0<<<(unsigned)grid105, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     const int64_t grid106 = opgen_cuda_grid((v104 - v103 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
@@ -202,7 +202,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const bool v4 = v2 == v3;
     const bool v5 = v2 == v3;
     const bool v6 = v4 && v5;
-    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v8 = v6 ? v3 : v7;
     const int64_t v9 = 32ll;
     const int64_t v10 = d_N;
@@ -357,7 +357,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     float *__restrict__ t1 = (float *)a.wsp[0];
     const int64_t v110 = 0ll;
     const int64_t v111 = d_D;
-    const int64_t v112 = ((d_N + 31) / 32);
+    const int64_t v112 = (d_N / 32 + (d_N % 32 != 0));
     for (int64_t i113 = v110 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i113 < v111; i113 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         float l114 = (float)0;
         for (int64_t i115 = v110; i115 < v112; i115++) {
@@ -386,11 +386,11 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     const bool v127 = v125 == v126;
     const bool v128 = v125 == v126;
     const bool v129 = v127 && v128;
-    const int64_t v130 = ((d_N + 31) / 32);
+    const int64_t v130 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v131 = v129 ? v126 : v130;
     const int64_t v132 = 0ll;
     const int64_t v133 = d_D;
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid134 = opgen_cuda_grid(v131 - v126, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid134 > 0) k_rms_norm_backward_f16_u_k0<<<(unsigned)grid134, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     const int64_t grid135 = opgen_cuda_grid((v133 - v132 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
@@ -423,7 +423,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const bool v4 = v2 == v3;
     const bool v5 = v2 == v3;
     const bool v6 = v4 && v5;
-    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v8 = v6 ? v3 : v7;
     const int64_t v9 = 32ll;
     const int64_t v10 = d_N;
@@ -514,7 +514,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     float *__restrict__ t1 = (float *)a.wsp[0];
     const int64_t v81 = 0ll;
     const int64_t v82 = d_D;
-    const int64_t v83 = ((d_N + 31) / 32);
+    const int64_t v83 = (d_N / 32 + (d_N % 32 != 0));
     for (int64_t i84 = v81 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i84 < v82; i84 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         float l85 = (float)0;
         for (int64_t i86 = v81; i86 < v83; i86++) {
@@ -534,17 +534,17 @@ static void k_rms_norm_backward_f32_layout(const int64_t *dims, char *ws, char *
     const bool v91 = v89 == v90;
     const bool v92 = v89 == v90;
     const bool v93 = v91 && v92;
-    const int64_t v94 = ((d_N + 31) / 32);
+    const int64_t v94 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v95 = v93 ? v90 : v94;
-    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v95 - v90, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g0 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v95 - v90, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 32 + (d_N % 32 != 0))), opgen_sz_dim(d_D)))));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g0);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g0)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -575,11 +575,11 @@ static opgen_status_t k_rms_norm_backward_f32_g(const opgen_buf_t *bufs, const i
     const bool v98 = v96 == v97;
     const bool v99 = v96 == v97;
     const bool v100 = v98 && v99;
-    const int64_t v101 = ((d_N + 31) / 32);
+    const int64_t v101 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v102 = v100 ? v97 : v101;
     const int64_t v103 = 0ll;
     const int64_t v104 = d_D;
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid105 = opgen_cuda_grid(v102 - v97, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid105 > 0) k_rms_norm_backward_f32_g_k0<<<(unsigned)grid105, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     const int64_t grid106 = opgen_cuda_grid((v104 - v103 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
@@ -605,7 +605,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const bool v4 = v2 == v3;
     const bool v5 = v2 == v3;
     const bool v6 = v4 && v5;
-    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v8 = v6 ? v3 : v7;
     const int64_t v9 = 32ll;
     const int64_t v10 = d_N;
@@ -760,7 +760,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     float *__restrict__ t1 = (float *)a.wsp[0];
     const int64_t v110 = 0ll;
     const int64_t v111 = d_D;
-    const int64_t v112 = ((d_N + 31) / 32);
+    const int64_t v112 = (d_N / 32 + (d_N % 32 != 0));
     for (int64_t i113 = v110 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i113 < v111; i113 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         float l114 = (float)0;
         for (int64_t i115 = v110; i115 < v112; i115++) {
@@ -789,11 +789,11 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     const bool v127 = v125 == v126;
     const bool v128 = v125 == v126;
     const bool v129 = v127 && v128;
-    const int64_t v130 = ((d_N + 31) / 32);
+    const int64_t v130 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v131 = v129 ? v126 : v130;
     const int64_t v132 = 0ll;
     const int64_t v133 = d_D;
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid134 = opgen_cuda_grid(v131 - v126, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid134 > 0) k_rms_norm_backward_f32_u_k0<<<(unsigned)grid134, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     const int64_t grid135 = opgen_cuda_grid((v133 - v132 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
@@ -826,7 +826,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const bool v4 = v2 == v3;
     const bool v5 = v2 == v3;
     const bool v6 = v4 && v5;
-    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v8 = v6 ? v3 : v7;
     const int64_t v9 = 32ll;
     const int64_t v10 = d_N;
@@ -917,7 +917,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     float *__restrict__ t1 = (float *)a.wsp[0];
     const int64_t v81 = 0ll;
     const int64_t v82 = d_D;
-    const int64_t v83 = ((d_N + 31) / 32);
+    const int64_t v83 = (d_N / 32 + (d_N % 32 != 0));
     for (int64_t i84 = v81 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i84 < v82; i84 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         float l85 = (float)0;
         for (int64_t i86 = v81; i86 < v83; i86++) {
@@ -937,17 +937,17 @@ static void k_rms_norm_backward_bf16_layout(const int64_t *dims, char *ws, char 
     const bool v91 = v89 == v90;
     const bool v92 = v89 == v90;
     const bool v93 = v91 && v92;
-    const int64_t v94 = ((d_N + 31) / 32);
+    const int64_t v94 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v95 = v93 ? v90 : v94;
-    const int64_t g0 = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v95 - v90, opgen_align(sizeof(float) * (size_t)d_D)); /* 0: shared memory */
+    const int64_t g0 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v95 - v90, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)((d_N + 31) / 32) * (size_t)d_D);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 32 + (d_N % 32 != 0))), opgen_sz_dim(d_D)))));
     const size_t arena = off;
     size_t end = off;
     off = arena;
     if (wsp) wsp[1] = ws + off;
-    off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)g0);
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)g0)));
     if (off > end) end = off;
     off = end;
     *total = off;
@@ -978,11 +978,11 @@ static opgen_status_t k_rms_norm_backward_bf16_g(const opgen_buf_t *bufs, const 
     const bool v98 = v96 == v97;
     const bool v99 = v96 == v97;
     const bool v100 = v98 && v99;
-    const int64_t v101 = ((d_N + 31) / 32);
+    const int64_t v101 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v102 = v100 ? v97 : v101;
     const int64_t v103 = 0ll;
     const int64_t v104 = d_D;
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid105 = opgen_cuda_grid(v102 - v97, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid105 > 0) k_rms_norm_backward_bf16_g_k0<<<(unsigned)grid105, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     const int64_t grid106 = opgen_cuda_grid((v104 - v103 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
@@ -1008,7 +1008,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const bool v4 = v2 == v3;
     const bool v5 = v2 == v3;
     const bool v6 = v4 && v5;
-    const int64_t v7 = ((d_N + 31) / 32);
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v8 = v6 ? v3 : v7;
     const int64_t v9 = 32ll;
     const int64_t v10 = d_N;
@@ -1163,7 +1163,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     float *__restrict__ t1 = (float *)a.wsp[0];
     const int64_t v110 = 0ll;
     const int64_t v111 = d_D;
-    const int64_t v112 = ((d_N + 31) / 32);
+    const int64_t v112 = (d_N / 32 + (d_N % 32 != 0));
     for (int64_t i113 = v110 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i113 < v111; i113 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         float l114 = (float)0;
         for (int64_t i115 = v110; i115 < v112; i115++) {
@@ -1192,11 +1192,11 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     const bool v127 = v125 == v126;
     const bool v128 = v125 == v126;
     const bool v129 = v127 && v128;
-    const int64_t v130 = ((d_N + 31) / 32);
+    const int64_t v130 = (d_N / 32 + (d_N % 32 != 0));
     const int64_t v131 = v129 ? v126 : v130;
     const int64_t v132 = 0ll;
     const int64_t v133 = d_D;
-    a.smem = (opgen_align(sizeof(float) * (size_t)d_D) <= OPGEN_CUDA_SMEM_MAX);
+    a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
     const int64_t grid134 = opgen_cuda_grid(v131 - v126, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid134 > 0) k_rms_norm_backward_bf16_u_k0<<<(unsigned)grid134, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     const int64_t grid135 = opgen_cuda_grid((v133 - v132 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);

@@ -49,7 +49,16 @@ typedef enum {
 } opgen_dtype_t;
 
 /* A tensor argument: shape and strides in elements (strides NULL = contiguous row-major;
- * stride 0 allowed for broadcast inputs). A NULL opgen_tensor_t pointer = absent optional. */
+ * stride 0 allowed for broadcast inputs). A NULL opgen_tensor_t pointer = absent optional.
+ * - data must be aligned to the element size (else OPGEN_ERR_PARAM); it may be NULL when the
+ *   tensor is empty (a dim is 0), whose strides are then ignored.
+ * - the element count and the extent of the strides (smallest to largest element offset, in
+ *   bytes too) must fit int64 (else OPGEN_ERR_SHAPE / OPGEN_ERR_STRIDES).
+ * - outputs: no two elements may share an address (a 0 stride, strides (1, 1), ...:
+ *   OPGEN_ERR_STRIDES; proven by ordering the dims by |stride| and requiring each to step past
+ *   the smaller ones' reach, which permuted, sliced, padded and flipped layouts pass), and no
+ *   output may overlap another tensor unless the op lets it alias that input exactly
+ *   (OPGEN_ERR_PARAM). Refused calls write nothing. */
 typedef struct {
     void *data;
     opgen_dtype_t dtype;
@@ -74,9 +83,12 @@ OPGEN_API const char *opgen_last_error(void);
  *   dtable2_acc: bool = False
  *   dtable1: Output[T, N1, D].contiguous_last()
  *   dtable2: Output[T, N2, D].contiguous_last() | None
- * workspace may be NULL with workspace_size 0: the call then allocates what it needs. */
+ * workspace: at least opgen_embedding_backward_workspace_size bytes at any address (the call aligns it
+ * itself), or NULL with workspace_size 0 (the call then allocates what it needs); NULL with a
+ * non-zero size is OPGEN_ERR_NULL, a smaller size OPGEN_ERR_WORKSPACE. */
 OPGEN_API opgen_status_t opgen_embedding_backward(const opgen_tensor_t *dy, const opgen_tensor_t *i1, const opgen_tensor_t *i2, float alpha1, float alpha2, bool dtable1_acc, bool dtable2_acc, const opgen_tensor_t *dtable1, const opgen_tensor_t *dtable2, void *workspace, size_t workspace_size);
-/* Bytes of workspace opgen_embedding_backward needs for these arguments (data pointers unused). */
+/* Bytes of workspace opgen_embedding_backward needs for these arguments (data pointers unused); the
+ * same on every thread. A size that does not fit in size_t is OPGEN_ERR_SHAPE. */
 OPGEN_API opgen_status_t opgen_embedding_backward_workspace_size(const opgen_tensor_t *dy, const opgen_tensor_t *i1, const opgen_tensor_t *i2, float alpha1, float alpha2, bool dtable1_acc, bool dtable2_acc, const opgen_tensor_t *dtable1, const opgen_tensor_t *dtable2, size_t *size);
 
 /* embedding_bw: ``out = 0; out[indices[n]] += grad[n]``; ``weight`` only supplies V (the ttnn facade
@@ -84,9 +96,12 @@ OPGEN_API opgen_status_t opgen_embedding_backward_workspace_size(const opgen_ten
  *   weight: Tensor[W, V, D]
  *   grad: Tensor[T, N, D]
  *   out: Output[T, V, D]
- * workspace may be NULL with workspace_size 0: the call then allocates what it needs. */
+ * workspace: at least opgen_embedding_bw_workspace_size bytes at any address (the call aligns it
+ * itself), or NULL with workspace_size 0 (the call then allocates what it needs); NULL with a
+ * non-zero size is OPGEN_ERR_NULL, a smaller size OPGEN_ERR_WORKSPACE. */
 OPGEN_API opgen_status_t opgen_embedding_bw(const opgen_tensor_t *indices, const opgen_tensor_t *weight, const opgen_tensor_t *grad, const opgen_tensor_t *out, void *workspace, size_t workspace_size);
-/* Bytes of workspace opgen_embedding_bw needs for these arguments (data pointers unused). */
+/* Bytes of workspace opgen_embedding_bw needs for these arguments (data pointers unused); the
+ * same on every thread. A size that does not fit in size_t is OPGEN_ERR_SHAPE. */
 OPGEN_API opgen_status_t opgen_embedding_bw_workspace_size(const opgen_tensor_t *indices, const opgen_tensor_t *weight, const opgen_tensor_t *grad, const opgen_tensor_t *out, size_t *size);
 
 /* embedding_dense_backward: ``out = 0; out[idx[n]] += grad[n] * s(n)`` skipping rows equal to ``padding_idx`` (a
@@ -96,9 +111,12 @@ OPGEN_API opgen_status_t opgen_embedding_bw_workspace_size(const opgen_tensor_t 
  *   padding_idx: int = -1
  *   scale_grad_by_freq: bool = False
  *   out: Output[T, V, D]
- * workspace may be NULL with workspace_size 0: the call then allocates what it needs. */
+ * workspace: at least opgen_embedding_dense_backward_workspace_size bytes at any address (the call aligns it
+ * itself), or NULL with workspace_size 0 (the call then allocates what it needs); NULL with a
+ * non-zero size is OPGEN_ERR_NULL, a smaller size OPGEN_ERR_WORKSPACE. */
 OPGEN_API opgen_status_t opgen_embedding_dense_backward(const opgen_tensor_t *grad, const opgen_tensor_t *indices, int64_t num_weights, int64_t padding_idx, bool scale_grad_by_freq, const opgen_tensor_t *out, void *workspace, size_t workspace_size);
-/* Bytes of workspace opgen_embedding_dense_backward needs for these arguments (data pointers unused). */
+/* Bytes of workspace opgen_embedding_dense_backward needs for these arguments (data pointers unused); the
+ * same on every thread. A size that does not fit in size_t is OPGEN_ERR_SHAPE. */
 OPGEN_API opgen_status_t opgen_embedding_dense_backward_workspace_size(const opgen_tensor_t *grad, const opgen_tensor_t *indices, int64_t num_weights, int64_t padding_idx, bool scale_grad_by_freq, const opgen_tensor_t *out, size_t *size);
 
 /* fused_linear_cross_entropy_loss_grad: ``G = softmax`` (given) or ``exp(X W^T - logits_max) / sum_exp`` (memory-saving, never
@@ -113,9 +131,12 @@ OPGEN_API opgen_status_t opgen_embedding_dense_backward_workspace_size(const opg
  *   softmax: Tensor[f32, BT, V] | None
  *   input_grad: Output[T, BT, H]
  *   weight_grad: Output[T, V, H]
- * workspace may be NULL with workspace_size 0: the call then allocates what it needs. */
+ * workspace: at least opgen_fused_linear_cross_entropy_loss_grad_workspace_size bytes at any address (the call aligns it
+ * itself), or NULL with workspace_size 0 (the call then allocates what it needs); NULL with a
+ * non-zero size is OPGEN_ERR_NULL, a smaller size OPGEN_ERR_WORKSPACE. */
 OPGEN_API opgen_status_t opgen_fused_linear_cross_entropy_loss_grad(const opgen_tensor_t *grad, const opgen_tensor_t *input, const opgen_tensor_t *weight, const opgen_tensor_t *target_mask, const opgen_tensor_t *masked_target, float label_smoothing, const opgen_tensor_t *logits_max, const opgen_tensor_t *sum_exp_logits, const opgen_tensor_t *softmax, const opgen_tensor_t *input_grad, const opgen_tensor_t *weight_grad, void *workspace, size_t workspace_size);
-/* Bytes of workspace opgen_fused_linear_cross_entropy_loss_grad needs for these arguments (data pointers unused). */
+/* Bytes of workspace opgen_fused_linear_cross_entropy_loss_grad needs for these arguments (data pointers unused); the
+ * same on every thread. A size that does not fit in size_t is OPGEN_ERR_SHAPE. */
 OPGEN_API opgen_status_t opgen_fused_linear_cross_entropy_loss_grad_workspace_size(const opgen_tensor_t *grad, const opgen_tensor_t *input, const opgen_tensor_t *weight, const opgen_tensor_t *target_mask, const opgen_tensor_t *masked_target, float label_smoothing, const opgen_tensor_t *logits_max, const opgen_tensor_t *sum_exp_logits, const opgen_tensor_t *softmax, const opgen_tensor_t *input_grad, const opgen_tensor_t *weight_grad, size_t *size);
 
 /* rms_norm_backward: Backward of ``y = x / r * w`` with ``r = sqrt(mean(x^2) + eps)`` over the last dim:
@@ -125,9 +146,12 @@ OPGEN_API opgen_status_t opgen_fused_linear_cross_entropy_loss_grad_workspace_si
  *   eps: float = 0.0
  *   grad_x: Output[T, Batch(N), D].contiguous_last()
  *   grad_w: Output[T, D]
- * workspace may be NULL with workspace_size 0: the call then allocates what it needs. */
+ * workspace: at least opgen_rms_norm_backward_workspace_size bytes at any address (the call aligns it
+ * itself), or NULL with workspace_size 0 (the call then allocates what it needs); NULL with a
+ * non-zero size is OPGEN_ERR_NULL, a smaller size OPGEN_ERR_WORKSPACE. */
 OPGEN_API opgen_status_t opgen_rms_norm_backward(const opgen_tensor_t *grad_y, const opgen_tensor_t *x, const opgen_tensor_t *w, float eps, const opgen_tensor_t *grad_x, const opgen_tensor_t *grad_w, void *workspace, size_t workspace_size);
-/* Bytes of workspace opgen_rms_norm_backward needs for these arguments (data pointers unused). */
+/* Bytes of workspace opgen_rms_norm_backward needs for these arguments (data pointers unused); the
+ * same on every thread. A size that does not fit in size_t is OPGEN_ERR_SHAPE. */
 OPGEN_API opgen_status_t opgen_rms_norm_backward_workspace_size(const opgen_tensor_t *grad_y, const opgen_tensor_t *x, const opgen_tensor_t *w, float eps, const opgen_tensor_t *grad_x, const opgen_tensor_t *grad_w, size_t *size);
 
 

@@ -82,8 +82,9 @@ class CPrinter:
         self.depth = 1
         self.counter = 0
         self.lanes: dict[SSAValue, str] = {}  # local accumulators currently split into lanes
-        self.scratch: list[tuple[str, str, str]] = []  # per-thread scratch: (name, ctype, count)
-        self.temps: list[tuple[str, str, str]] = []  # workspace temps: (name, ctype, count)
+        # workspace temps and per-thread scratch: (name, ctype, count, saturating count)
+        self.scratch: list[tuple[str, str, str, str]] = []
+        self.temps: list[tuple[str, str, str, str]] = []
 
     # ------------------------------------------------------------------ types
     def dtype(self, name: str) -> DType:
@@ -101,14 +102,31 @@ class CPrinter:
     def dim(self, d: str) -> str:
         if d.isdigit():
             return d + "ll"
-        if d.startswith("cdiv("):
+        if d.startswith("cdiv("):  # ceil(d / k) without overflow near INT64_MAX
             name, k = d[5:-1].split(",")
-            return f"((d_{name} + {int(k) - 1}) / {k})"
+            return f"(d_{name} / {k} + (d_{name} % {k} != 0))"
         if d.startswith("segs("):  # a segment table's words: the runtime's layout (sched.segments)
             rows, n = d[5:-1].split(",")
             return f"opgen_seg_words({self.dim(rows)}, {self.dim(n)})"
         base, _, plus = d.partition("+")
         return f"(d_{base} + {plus})" if plus else f"d_{base}"
+
+    def size_count(self, shape: tuple[str, ...] | list[str]) -> str:
+        """Host expression: the element count of ``shape`` as a saturating ``size_t`` (SIZE_MAX
+        when it does not fit: the binder refuses such a workspace, nothing wraps)."""
+        terms = []
+        for d in shape:
+            base, _, plus = d.partition("+")
+            if plus and not d.startswith(("cdiv(", "segs(")):
+                terms.append(f"opgen_sz_add(opgen_sz_dim(d_{base}), {plus})")
+            else:
+                terms.append(f"opgen_sz_dim({self.dim(d)})")
+        if not terms:
+            return "(size_t)1"
+        out = terms[0]
+        for t in terms[1:]:
+            out = f"opgen_sz_mul({out}, {t})"
+        return out
 
     @staticmethod
     def stride_name(param: str, axis: int) -> str:
@@ -318,9 +336,9 @@ class CPrinter:
             return
         count = " * ".join(f"(size_t){self.dim(d)}" for d in b.shape) or "(size_t)1"
         if b.role.data == "temp":
-            self.temps.append((n, ct, count))
+            self.temps.append((n, ct, count, self.size_count(b.shape)))
         else:
-            self.scratch.append((n, ct, count))
+            self.scratch.append((n, ct, count, self.size_count(b.shape)))
             self.line(f"{ct} *{self.restrict} {n} = {n}_base + (size_t)opgen_thread() * ({count});")
         if zero:
             self.line(f"memset({n}, 0, sizeof({ct}) * {count});")
@@ -515,15 +533,16 @@ class CPrinter:
             self.lines = []
         self.walk(iter(self.k.body.block.ops))
         body = self.lines
-        ws_lines = ["size_t off = 0;"]
+        ws_lines = ["size_t off = 0;"]  # saturating: SIZE_MAX when the workspace does not fit
         carve = ["char *wp = ws;"]
-        for n, ct, count in self.temps:
+        for n, ct, count, sat in self.temps:
             carve.append(f"{ct} *{self.restrict} {n} = ({ct} *)(wp + off); off += opgen_align(sizeof({ct}) * {count});")
-            ws_lines.append(f"off += opgen_align(sizeof({ct}) * {count});")
-        for n, ct, count in self.scratch:
+            ws_lines.append(f"off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof({ct}), {sat})));")
+        for n, ct, count, sat in self.scratch:
             carve.append(f"{ct} *{n}_base = ({ct} *)(wp + off); "
                          f"off += opgen_align(sizeof({ct}) * {count} * (size_t)opgen_threads());")
-            ws_lines.append(f"off += opgen_align(sizeof({ct}) * {count} * (size_t)opgen_threads());")
+            ws_lines.append(f"off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof({ct}), {sat}), "
+                            f"(size_t)opgen_threads())));")
         dims_decl = [f"const int64_t d_{d} = dims[{i}]; (void)d_{d};" for d, i in self.dim_ids.items()]
         out = pre
         if self.with_ws:

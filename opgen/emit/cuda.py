@@ -117,6 +117,13 @@ class Region:
     kind: str
     kid: int = -1
     rows: SSAValue | None = None
+    size: str = ""  # the count as a saturating size_t (host code sizing the workspace)
+
+    def bytes(self, sat: bool) -> str:
+        """Bytes of one copy (aligned); ``sat``: saturating, for the host's workspace sizing."""
+        if sat:
+            return f"opgen_align(opgen_sz_mul(sizeof({self.ctype}), {self.size or self.count}))"
+        return f"opgen_align(sizeof({self.ctype}) * {self.count})"
 
 
 @dataclass
@@ -591,7 +598,7 @@ class CudaPrinter(CPrinter):
         self.names[op.result] = n
         count = self.count_expr(b)
         before = self.scratch_bytes(self.group.kid)
-        r = self.add_region(Region(ct, count, "scratch", self.group.kid))
+        r = self.add_region(Region(ct, count, "scratch", self.group.kid, size=self.size_count(b.shape)))
         smem = "opgen_dyn_smem()" if before == "0" else f"(opgen_dyn_smem() + {before})"
         self.line(f"{ct} *{self.restrict} {n} = a.smem ? ({ct} *){smem} : ({ct} *)a.wsp[{r}] + "
                   f"(size_t)blockIdx.x * ({count});")
@@ -920,12 +927,17 @@ class CudaPrinter(CPrinter):
 
     def smem_fits(self, kid: int) -> str:
         """Host condition: kernel ``kid``'s per-block scratch goes to dynamic shared memory."""
-        return f"({self.scratch_bytes(kid)} <= OPGEN_CUDA_SMEM_MAX)"
+        return f"({self.scratch_bytes(kid, sat=True)} <= OPGEN_CUDA_SMEM_MAX)"
 
-    def scratch_bytes(self, kid: int) -> str:
-        terms = [f"opgen_align(sizeof({r.ctype}) * {r.count})" for r in self.regions
-                 if r.kind == "scratch" and r.kid == kid]
-        return " + ".join(terms) or "0"
+    def scratch_bytes(self, kid: int, sat: bool = False) -> str:
+        """Per-block scratch bytes of kernel ``kid`` (``sat``: saturating, for host sizing)."""
+        terms = [r.bytes(sat) for r in self.regions if r.kind == "scratch" and r.kid == kid]
+        if not sat:
+            return " + ".join(terms) or "0"
+        out = terms[0] if terms else "0"
+        for t in terms[1:]:
+            out = f"opgen_sz_add({out}, {t})"
+        return out
 
     def print_instance(self) -> str:
         """Kernels, workspace layout, size function and launcher of this instance."""
@@ -949,7 +961,8 @@ class CudaPrinter(CPrinter):
                 b = s.buf_type(op.result)
                 n = self.fresh("t")
                 self.names_temp[op.result] = n
-                self.region_of[op.result] = self.add_region(Region(self.storage_ctype(b), self.count_expr(b), "temp"))
+                self.region_of[op.result] = self.add_region(Region(self.storage_ctype(b), self.count_expr(b), "temp",
+                                                                   size=self.size_count(b.shape)))
                 if op.zero is not None and op.zero.data:
                     flush()
                     steps.append(("memset", op))
@@ -1000,8 +1013,8 @@ class CudaPrinter(CPrinter):
                 if not self.host_ok(op.rows, scalars=False):
                     raise CudaUnsupported(f"{self.fn_name}: segment rows must follow from dims")
                 n = self.dim(s.buf_type(op.idx).shape[0])
-                rk = self.add_region(Region("int64_t", f"(size_t){n}", "temp"))
-                rv = self.add_region(Region("int64_t", f"(size_t){n}", "temp"))
+                rk = self.add_region(Region("int64_t", f"(size_t){n}", "temp", size=f"opgen_sz_dim({n})"))
+                rv = self.add_region(Region("int64_t", f"(size_t){n}", "temp", size=f"opgen_sz_dim({n})"))
                 rt = self.add_region(Region("char", n, "cub", rows=op.rows))
                 seg_regions[op] = (rk, rv, rt)
         # kernels (their scratch regions are registered while printing)
@@ -1032,7 +1045,7 @@ class CudaPrinter(CPrinter):
                 known = self.host_ok(g.loop.lo, False) and self.host_ok(g.loop.hi, False)
                 n_expr = f"{self.name(g.loop.hi)} - {self.name(g.loop.lo)}" if known else "INT64_MAX"
                 self.line(f"const int64_t {gv} = {self.smem_fits(g.kid)} ? 0 : "
-                          f"opgen_cuda_grid({n_expr}, {self.scratch_bytes(g.kid)}); /* 0: shared memory */")
+                          f"opgen_cuda_grid({n_expr}, {self.scratch_bytes(g.kid, sat=True)}); /* 0: shared memory */")
             else:
                 self.line(f"const int64_t {gv} = {self.smem_fits(g.kid)} ? 0 : 1; /* 0: shared memory */")
             grid_of[g.kid] = gv
@@ -1041,12 +1054,12 @@ class CudaPrinter(CPrinter):
             if r.kind == "scratch":
                 continue
             if r.kind == "temp":
-                size = f"opgen_align(sizeof({r.ctype}) * {r.count})"
+                size = r.bytes(sat=True)
             else:
                 assert r.rows is not None
                 size = f"opgen_align(opgen_cuda_segments_tmp({r.count}, {self.name(r.rows)}))"
             self.line(f"if (wsp) wsp[{i}] = ws + off;")
-            self.line(f"off += {size};")
+            self.line(f"off = opgen_sz_add(off, {size});")
         # per-block scratch: kernels of a call run one after another on its stream, so each
         # kernel's scratch starts at the same place (the arena is the largest of them)
         kids = sorted(grid_of)
@@ -1058,7 +1071,8 @@ class CudaPrinter(CPrinter):
             for i, r in enumerate(self.regions):
                 if r.kind == "scratch" and r.kid == kid:
                     self.line(f"if (wsp) wsp[{i}] = ws + off;")
-                    self.line(f"off += opgen_align(sizeof({r.ctype}) * {r.count} * (size_t){grid_of[r.kid]});")
+                    self.line(f"off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof({r.ctype}), "
+                              f"{r.size or r.count}), (size_t){grid_of[r.kid]})));")
             self.line("if (off > end) end = off;")
         if kids:
             self.line("off = end;")

@@ -52,7 +52,9 @@ static int CreateAclTensor(const void *hostData, size_t bytes, const int64_t *sh
     int64_t strides[8];
     strides[ndim - 1] = 1;
     for (int64_t i = (int64_t)ndim - 2; i >= 0; i--) strides[i] = shape[i + 1] * strides[i + 1];
-    *tensor = aclCreateTensor(shape, ndim, dataType, strides, offset, ACL_FORMAT_ND, shape, ndim, *deviceAddr);
+    /* the storage is the whole allocation (the view must lie inside it): offset + the view's elements */
+    int64_t storage = offset + shape[0] * strides[0];
+    *tensor = aclCreateTensor(shape, ndim, dataType, strides, offset, ACL_FORMAT_ND, &storage, 1, *deviceAddr);
     CHECK_RET(*tensor != NULL, LOG_PRINT("aclCreateTensor failed\n"); return 1);
     return 0;
 }
