@@ -361,8 +361,15 @@ def cases(draw: Any, t: Target) -> dict[str, Any]:
         if t.kind == "infiniop":  # NULL strides for a C-contiguous tensor (decided at the call)
             lay["null_strides"] = draw(st.booleans())
         spec["layouts"][n] = lay
-    if t.op == RMS and not spec["fault"] and "grad_x" in present and draw(st.booleans()):
-        spec["layouts"]["grad_x"] = {"alias_of": "grad_y"}  # in place: declared may_alias
+    # one tensor may share another's memory where that is allowed: a declared (output, input)
+    # pair (RMSNorm's in-place grad_x over grad_y), or two inputs of one dtype and shape (not
+    # RMSNorm's grad_y = x: with a constant w and eps = 0, grad_x = w*x*eps/r^3 cancels exactly)
+    pairs = [list(pr) for pr in registry.get(t.op).may_alias if pr[0] in present and pr[1] in present]
+    pairs += [[m, n] for n in present for m in present if n < m and not tp[n].is_output and t.op != RMS and
+              not tp[m].is_output and args[n].dtype == args[m].dtype and args[n].shape == args[m].shape]
+    if pairs and not spec["fault"] and draw(st.booleans()):
+        m, n = draw(st.sampled_from(pairs))
+        spec["layouts"][m] = {"alias_of": n}
     # NaN / Inf in float data (inputs, and outputs' prior contents)
     floats = [n for n in nonempty if args[n].dtype.kind == "f" or args[n].dtype == NP["bf16"]]
     floats = [n for n in floats if n not in INDEX_RANGE[t.op]]
@@ -852,10 +859,16 @@ def run_case(t: Target, spec: dict[str, Any], last: Path | None = None) -> None:
 
 
 def fuzz_settings() -> settings:
+    """The hypothesis profile: ``opgen-fuzz-ci`` (derandomized: every run draws the same examples)
+    or, with ``OPGEN_FUZZ_RANDOM=1``, ``opgen-fuzz-random``; no deadline, no example database, no
+    health checks (drawing builds arrays), no explain phase (slow under the sanitizers)."""
+    common = {"max_examples": int(os.environ.get("OPGEN_FUZZ_EXAMPLES", "200")), "deadline": None,
+              "database": None, "print_blob": False, "phases": [p for p in Phase if p != Phase.explain],
+              "suppress_health_check": list(HealthCheck)}
+    settings.register_profile("opgen-fuzz-ci", derandomize=True, **common)
+    settings.register_profile("opgen-fuzz-random", derandomize=False, **common)
     random = os.environ.get("OPGEN_FUZZ_RANDOM", "") not in ("", "0")
-    return settings(max_examples=int(os.environ.get("OPGEN_FUZZ_EXAMPLES", "200")), deadline=None,
-                    derandomize=not random, database=None, print_blob=False,
-                    phases=[p for p in Phase if p != Phase.explain], suppress_health_check=list(HealthCheck))
+    return settings.get_profile("opgen-fuzz-random" if random else "opgen-fuzz-ci")
 
 
 def fuzz(t: Target, last: Path | None) -> None:

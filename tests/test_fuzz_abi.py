@@ -145,7 +145,8 @@ def test_fuzz_c_abi_under_asan_ubsan(asan_env, target, tmp_path):  # noqa: F811
                        env=env, capture_output=True, text=True, timeout=TIMEOUT)
     found = [m for m in BAD_MARKERS if m in r.stderr]
     where = last.read_text() if last.exists() else "(none)"
-    assert r.returncode == 0 and not found, (
+    clean = r.returncode == 0 and not found
+    assert clean, (
         f"{target}: rc={r.returncode}, sanitizer reports {found}\n--- case being called last:\n{where}\n"
         f"--- stdout (tail):\n{r.stdout[-6000:]}\n--- stderr:\n{r.stderr[:12000]}")
     assert f"{target}: " in r.stdout and " examples OK" in r.stdout, r.stdout[-2000:]
