@@ -99,12 +99,17 @@ def _elementwise(fn: Callable[..., Array]) -> Callable[[_Interp, Any], Array]:
 
 
 def _int_div(a: Array, b: Array) -> Array:
+    """Float division, or integer division truncating toward zero with the kernels' total rules:
+    ``x / 0`` is 0 and ``MIN / -1`` wraps to MIN (no trap, no undefined behaviour)."""
     if a.dtype.kind == "f":
         return a / b
-    if np.any(b == 0):
-        raise OpError("param", "integer division by zero")
-    q = np.abs(a) // np.abs(b)
-    return np.where((a < 0) != (b < 0), -q, q)
+    a, b = np.broadcast_arrays(a, b)
+    safe = np.where((b == 0) | ((a.dtype.kind == "i") & (b == -1)), 1, b).astype(b.dtype)
+    q = a // safe
+    q = q + ((q * safe != a) & ((a < 0) != (safe < 0))).astype(q.dtype)  # floor -> toward zero
+    if a.dtype.kind == "i":
+        q = np.where(b == -1, np.negative(a), q)  # wraps for MIN
+    return np.where(b == 0, 0, q).astype(a.dtype)
 
 
 def _cast(it: _Interp, op: ir.CastOp) -> Array:
@@ -113,11 +118,16 @@ def _cast(it: _Interp, op: ir.CastOp) -> Array:
     if to.is_bool:
         return x != 0
     if to.is_int and x.dtype.kind == "f":
+        # truncation toward zero; NaN, +-Inf and values outside the target's range give its
+        # minimum (signed) or maximum (unsigned), as the kernels' OPGEN_F2I does: a value that
+        # every index check refuses
+        lo, hi = (0, 2**to.bits - 1) if to.kind == "uint" else (-(2 ** (to.bits - 1)), 2 ** (to.bits - 1) - 1)
+        xd = np.asarray(x, np.float64)
         with np.errstate(all="ignore"):
-            t = np.trunc(x)
-        if not np.all(np.isfinite(t)):
-            raise OpError("param", "cannot convert NaN/Inf to an integer")
-        return t.astype(np.int64).astype(to.np_dtype)
+            ok = (xd == xd) & (xd > float(lo) - 1.0) & (xd < float(hi) + 1.0)
+            out = np.trunc(np.where(ok, xd, 0.0)).astype(to.np_dtype)
+        out[~ok] = hi if to.kind == "uint" else lo
+        return out
     return x.astype(it.np_type(ir.tensor_type(op.result)))
 
 

@@ -116,7 +116,7 @@ static void ukernel(int64_t kc, const float *restrict a, const float *restrict b
         const float *bk = b + k * OPGEN_NR;
         _Pragma("GCC unroll 8") for (int i = 0; i < OPGEN_MR; i++) {
             const float ai = a[k * OPGEN_MR + i];
-            _Pragma("GCC unroll 32") for (int j = 0; j < OPGEN_NR; j++) t[i][j] += ai * bk[j];
+            _Pragma("GCC unroll 32") for (int j = 0; j < OPGEN_NR; j++) t[i][j] = fmaf(ai, bk[j], t[i][j]);
         }
     }
     for (int64_t i = 0; i < mr; i++)
@@ -144,7 +144,7 @@ void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) {
                 float s = accumulate ? C[i * ldc + j] : 0.0f;
-                for (int64_t q = 0; q < k; q++) s += A[i * ars + q * acs] * B[q * brs + j * bcs];
+                for (int64_t q = 0; q < k; q++) s = fmaf(A[i * ars + q * acs], B[q * brs + j * bcs], s);
                 C[i * ldc + j] = s;
             }
         return;
@@ -220,6 +220,15 @@ static int opgen_distinct(int ndim, const int64_t *shape, const int64_t *st) {
 /* x rounded up to a multiple of OPGEN_WS_ALIGN; SIZE_MAX (sticky) when it does not fit. */
 static size_t opgen_ws_round(size_t x) {
     return x > SIZE_MAX - (OPGEN_WS_ALIGN - 1) ? SIZE_MAX : (x + (OPGEN_WS_ALIGN - 1)) & ~(OPGEN_WS_ALIGN - 1);
+}
+
+/* Two descriptors of one address name the same elements in the same order: equal shapes and
+ * equal strides on every axis with more than one element (a size-1 axis's stride is unused). */
+static int same_elements(const opgen_tensor_t *a, const int64_t *sa, const opgen_tensor_t *b, const int64_t *sb) {
+    if (a->ndim != b->ndim) return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i] || (a->shape[i] > 1 && sa[i] != sb[i])) return 0;
+    return 1;
 }
 
 static const size_t opgen_itemsize[OPGEN_DTYPE_COUNT] = { 1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8, };
@@ -405,7 +414,7 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
             for (int a = 0; a < op->n_alias; a++)
                 if (op->alias[a][0] == k && op->alias[a][1] == j && tensors[j]->data == tensors[k]->data &&
                     tensors[j]->dtype == tensors[k]->dtype &&
-                    !memcmp(strides_buf[j], strides_buf[k], sizeof(int64_t) * (size_t)tensors[k]->ndim))
+                    same_elements(tensors[j], strides_buf[j], tensors[k], strides_buf[k]))
                     ok = 1;
             if (!ok)
                 return opgen_fail(OPGEN_ERR_PARAM, "%s: output %s overlaps %s", op->name, p->name,

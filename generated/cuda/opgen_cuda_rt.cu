@@ -241,6 +241,15 @@ static size_t opgen_ws_round(size_t x) {
     return x > SIZE_MAX - (OPGEN_WS_ALIGN - 1) ? SIZE_MAX : (x + (OPGEN_WS_ALIGN - 1)) & ~(OPGEN_WS_ALIGN - 1);
 }
 
+/* Two descriptors of one address name the same elements in the same order: equal shapes and
+ * equal strides on every axis with more than one element (a size-1 axis's stride is unused). */
+static int same_elements(const opgen_tensor_t *a, const int64_t *sa, const opgen_tensor_t *b, const int64_t *sb) {
+    if (a->ndim != b->ndim) return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i] || (a->shape[i] > 1 && sa[i] != sb[i])) return 0;
+    return 1;
+}
+
 static const size_t opgen_itemsize[OPGEN_DTYPE_COUNT] = { 1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8, };
 
 opgen_status_t opgen_cuda_run(const opgen_op_t *op, const opgen_tensor_t *const *tensors,
@@ -424,7 +433,7 @@ opgen_status_t opgen_cuda_run(const opgen_op_t *op, const opgen_tensor_t *const 
             for (int a = 0; a < op->n_alias; a++)
                 if (op->alias[a][0] == k && op->alias[a][1] == j && tensors[j]->data == tensors[k]->data &&
                     tensors[j]->dtype == tensors[k]->dtype &&
-                    !memcmp(strides_buf[j], strides_buf[k], sizeof(int64_t) * (size_t)tensors[k]->ndim))
+                    same_elements(tensors[j], strides_buf[j], tensors[k], strides_buf[k]))
                     ok = 1;
             if (!ok)
                 return opgen_fail(OPGEN_ERR_PARAM, "%s: output %s overlaps %s", op->name, p->name,

@@ -256,9 +256,15 @@ class CPrinter:
         if isinstance(op, ir.PowOp):
             return f"{self.fmath('pow', rt)}({args[0]}, {args[1]})"
         if isinstance(op, ir.DivOp):
-            if self.dtype(rt).is_float:
+            d = self.dtype(rt)
+            if d.is_float:
                 return f"{args[0]} / {args[1]}"
-            return f"({args[1]} == 0 ? 0 : {args[0]} / {args[1]})"
+            if d.kind == "uint" or d.is_bool:
+                return f"({args[1]} == 0 ? 0 : {args[0]} / {args[1]})"
+            # x / 0 is 0, MIN / -1 wraps (as in the oracle): never a trap or undefined behaviour
+            ct, ut = d.compute.c_type, d.compute.c_type.replace("int", "uint")
+            return (f"({args[1]} == 0 ? ({ct})0 : {args[1]} == -1 ? ({ct})(({ut})0 - ({ut}){args[0]}) : "
+                    f"({ct})({args[0]} / {args[1]}))")
         if isinstance(op, ir.MaxOp):
             return f"(({args[0]} > {args[1]} || {args[0]} != {args[0]}) ? {args[0]} : {args[1]})"
         if isinstance(op, ir.MinOp):
