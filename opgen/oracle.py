@@ -169,8 +169,9 @@ def _scatter_add(it: _Interp, op: ir.ScatterAddOp) -> Array:
     rt = ir.tensor_type(op.result)
     out = np.zeros(it.shape(rt), it.np_type(rt))
     i = _check_index(it.val(op.idx), out.shape[0], "scatter_add")
-    for n in range(i.shape[0]):  # index order: the deterministic order every backend reproduces
-        out[i[n]] += v[n]
+    with np.errstate(all="ignore"):  # IEEE results (inf - inf is NaN), as everywhere in the oracle
+        for n in range(i.shape[0]):  # index order: the deterministic order every backend reproduces
+            out[i[n]] += v[n]
     return out
 
 

@@ -69,18 +69,20 @@ def load(path: str | None = None) -> ctypes.CDLL:
     return lib
 
 
-def describe(arr: np.ndarray, what: str = "tensor") -> tuple[TensorDesc, tuple[Any, ...]]:
+def describe(arr: np.ndarray, what: str = "tensor", check_aligned: bool = True) -> tuple[TensorDesc, tuple[Any, ...]]:
     """An opgen_tensor_t for ``arr`` (plus the ctypes arrays that must outlive it).
 
     Raises :class:`OpError` ``dtype`` for a dtype the library has no code for (complex, object,
-    non-native byte order, ...) and ``strides`` for strides or a data address that are not a
-    multiple of the item size; ``what`` names the argument in the message."""
+    non-native byte order, ...), ``strides`` for strides that are not a multiple of the item size
+    and ``param`` for a data address that is not (unless ``check_aligned`` is false: tests of the
+    C ABIs hand such descriptors to the library, which must refuse them itself); ``what`` names
+    the argument in the message."""
     d = dtype_of(arr, what)
     item = arr.itemsize
     if any(st % item for st in arr.strides):
         raise OpError("strides", f"{what}: array strides {arr.strides} are not a multiple of the item "
                                  f"size {item}")
-    if arr.size and arr.ctypes.data % item:
+    if check_aligned and arr.size and arr.ctypes.data % item:
         raise OpError("param", f"{what}: the data address is not aligned to the {item}-byte item size")
     shape = (ctypes.c_int64 * max(arr.ndim, 1))(*arr.shape)
     strides = (ctypes.c_int64 * max(arr.ndim, 1))(*(st // item for st in arr.strides))

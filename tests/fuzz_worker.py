@@ -608,7 +608,7 @@ def flce_target_outside(a: dict[str, Any]) -> bool:
 
 
 FIXED = {"missing": "null", "data_null": "null", "misalign": "param", "dtype_code": "dtype", "alias": "param",
-         "huge_rows": "shape", "py_int": "param"}
+         "py_int": "param"}
 
 
 def oracle_args(case: Case) -> dict[str, Any]:
@@ -629,6 +629,9 @@ def oracle_args(case: Case) -> dict[str, Any]:
 def expected(case: Case) -> tuple[set[str], dict[str, np.ndarray] | None]:
     """The statuses the call may return and, when it must succeed, the oracle's outputs."""
     kind = case.fault[0] if case.fault else None
+    if kind == "huge_rows":  # an empty (2^62, 0) table: nothing to write, no workspace for its rows;
+        # (2^62, 1): more bytes than int64 counts (aclCreateTensor already refuses such a view)
+        return ({"ok"}, {}) if case.spec["b"]["D"] == 0 else ({"shape", "refused"}, None)
     if kind in FIXED:
         return {FIXED[kind]}, None
     if kind == "acl_offset":

@@ -964,3 +964,45 @@ def test_element_count_overflow_is_a_shape_error(rng):
     st, msg = c_call("rms_norm_backward", a, tamper={"x": _shape(huge, (0, 0, 1))})
     assert st == 3 and "too many elements" in msg
     assert snapshot(a) == before
+
+
+# ================================================================= found by tests/test_fuzz_abi.py
+
+
+@pytest.mark.parametrize("T", ["f16", "bf16", "f32"])
+def test_overflowing_products_give_the_oracles_nan(T):
+    """alpha * dy overflows to +inf and -inf in two rows summed into one: NaN, as in the oracle
+    and PyTorch (a contracted multiply-add kept the product exact and gave inf)."""
+    a = {"dy": np.array([[2.0], [-2.0]], NP[T]), "i1": np.array([0, 0]), "alpha1": 3e38,
+         "dtable1": filled((1, 1), T), "dtable1_acc": False}
+    got = check_against_oracle(EB, a)["dtable1"]
+    assert np.isnan(got.astype(np.float64)).all()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1e30])
+def test_a_float_index_that_is_no_integer_is_an_index_error_everywhere(bad):
+    """NaN/Inf/huge float indices convert to the integer type's minimum on every backend and the
+    oracle (docs/dsl.md 4.4), so they fail the index check: status index, nothing written."""
+    from opgen import oracle
+
+    a = {"grad": np.ones((2, 3), np.float32), "indices": np.array([1.0, bad], np.float32), "num_weights": 4,
+         "out": filled((4, 3), "f32")}
+    with pytest.raises(OpError) as e:
+        oracle.run(registry.get(EDB), **a)
+    assert e.value.status == "index"
+    before = a["out"].tobytes()
+    st, _ = c_call(EDB, a)
+    assert st == CODE["index"] and a["out"].tobytes() == before
+
+
+def test_in_place_alias_ignores_strides_of_unit_axes(rng):
+    """grad_x IS grad_y when both name the same elements: a size-1 axis may carry any stride."""
+    a = rms_args(rng, "f32", (1, 4))
+    ref = oracle_outputs(RMS, a)
+    buf = np.array(a["grad_y"])
+    a["grad_y"] = buf
+    a["grad_x"] = np.lib.stride_tricks.as_strided(buf, (1, 4), (7 * 4, 4))
+    st, msg = c_call(RMS, a)
+    assert st == 0, msg
+    assert_c_close(buf, ref["grad_x"], "grad_x (in place)")
+    assert_c_close(a["grad_w"], ref["grad_w"], "grad_w")
