@@ -92,7 +92,9 @@ def build_library(src_dir: Path, include_dir: Path, out_dir: Path, sanitize: boo
 # ---------------------------------------------------------------------- CUDA (nvcc)
 #: every generated .cu must compile with these flags (all nvcc warnings are errors)
 GENCODE = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"]
-NVCC_FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-Werror", "all-warnings", *GENCODE]
+#: --fmad=false: no contraction of a*b+c (as -ffp-contract=off on the CPU: the oracle's NaN/Inf on
+#: overflow); tensor-core GEMMs are unaffected
+NVCC_FLAGS = ["-O3", "-std=c++17", "--fmad=false", "-Xcompiler", "-fPIC", "-Werror", "all-warnings", *GENCODE]
 #: library-only: export nothing but the OPGEN_API entry points (the static CUDA runtime stays
 #: inside), and bind the library's own calls to its own definitions
 NVCC_LIB_FLAGS = ["-Xcompiler", "-fvisibility=hidden"]

@@ -312,9 +312,6 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
         for (int i = 0; i < t->ndim && numel; i++)
             if (__builtin_mul_overflow(numel, t->shape[i], &numel))
                 return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s has too many elements", op->name, p->name);
-        int64_t nbytes;
-        if (__builtin_mul_overflow(numel, (int64_t)itemsize, &nbytes))
-            return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s has more bytes than int64 can count", op->name, p->name);
         /* strides: given or contiguous; an empty tensor's strides mean nothing (numpy gives them
            as 0): they are taken as 0, and no stride rule applies */
         int64_t *st = strides_buf[k], step = 1;
@@ -324,9 +321,14 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
         }
         if (numel > 0) {
             nonempty[k] = 1;
-            if (!opgen_span_of(t, st, itemsize, &span[k]))
+            int64_t nbytes;
+            if (!opgen_span_of(t, st, itemsize, &span[k])) {
+                if (__builtin_mul_overflow(numel, (int64_t)itemsize, &nbytes)) /* too big whatever the layout */
+                    return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s has more bytes than int64 can count", op->name,
+                                      p->name);
                 return opgen_fail(OPGEN_ERR_STRIDES, "%s: %s's strides reach beyond the int64 range", op->name,
                                   p->name);
+            }
         }
         if (p->last_contig && t->ndim > 0 && numel > 0 && t->shape[t->ndim - 1] > 1 && st[t->ndim - 1] != 1)
             return opgen_fail(OPGEN_ERR_STRIDES, "%s: %s's last dim must be contiguous", op->name, p->name);
