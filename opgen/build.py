@@ -19,6 +19,7 @@ from pathlib import Path
 from opgen import registry
 from opgen.dsl.opdef import OpDef
 from opgen.passes import pipeline
+from opgen.tile.lower import TileUnsupported
 
 Generator = Callable[[OpDef], dict[str, str]]
 
@@ -46,13 +47,24 @@ def generate_cuda(o: OpDef) -> dict[str, str]:
     return {f"cuda/{o.name}.cu": cuda.op_source(o)}
 
 
-def generate_common(ops: list[OpDef], cuda_ops: list[OpDef] | None = None) -> dict[str, str]:
+def generate_ascendc(o: OpDef) -> dict[str, str]:
+    """``ascendc/<op>.cpp``: Ascend C kernels, tiling and host launchers of every variant x dtype
+    binding the NPU computes, plus ``opgen_ascendc_<op>`` (raises TileUnsupported for an op the
+    tile level cannot express yet)."""
+    from opgen.emit import ascendc
+
+    return {f"ascendc/{o.name}.cpp": ascendc.op_source(o)}
+
+
+def generate_common(ops: list[OpDef], cuda_ops: list[OpDef] | None = None,
+                    ascendc_ops: list[OpDef] | None = None) -> dict[str, str]:
     """Files shared by all ops: the public headers, the runtimes and the vendor facades
-    (``cuda_ops``: the ops the CUDA header declares, default ``ops``)."""
+    (``cuda_ops``/``ascendc_ops``: the ops those targets' headers declare, default ``ops``)."""
     from opgen.emit import cpu, facades, render
 
     infos = [cpu.header_info(o) for o in ops]
     cuda_infos = infos if cuda_ops is None else [cpu.header_info(o) for o in cuda_ops]
+    asc_infos = infos if ascendc_ops is None else [cpu.header_info(o) for o in ascendc_ops]
     return {
         "include/opgen.h": render.render("include/opgen.h.j2", ops=infos),
         "cpu/opgen_rt.h": render.render("cpu/opgen_rt.h.j2"),
@@ -61,6 +73,9 @@ def generate_common(ops: list[OpDef], cuda_ops: list[OpDef] | None = None) -> di
         "include/opgen_cuda.h": render.render("include/opgen_cuda.h.j2", ops=cuda_infos),
         "cuda/opgen_cuda_rt.cuh": render.render("cuda/opgen_cuda_rt.cuh.j2"),
         "cuda/opgen_cuda_rt.cu": render.render("cuda/opgen_cuda_rt.cu.j2"),
+        "include/opgen_ascendc.h": render.render("include/opgen_ascendc.h.j2", ops=asc_infos),
+        "ascendc/opgen_ascendc_rt.h": render.render("ascendc/opgen_ascendc_rt.h.j2"),
+        "ascendc/opgen_ascendc_rt.cpp": render.render("ascendc/opgen_ascendc_rt.cpp.j2"),
         **facades.generate(ops),
     }
 
@@ -75,7 +90,7 @@ def generate_facades(o: OpDef) -> dict[str, str]:
 
 
 GENERATORS: list[tuple[str, Generator]] = [("ir", generate_ir), ("cpu", generate_cpu), ("facades", generate_facades),
-                                           ("cuda", generate_cuda)]
+                                           ("cuda", generate_cuda), ("ascendc", generate_ascendc)]
 #: targets whose failure leaves the op out of the CPU library (and its headers and facades)
 CPU_TARGETS = ("ir", "cpu", "facades")
 
@@ -146,6 +161,7 @@ def generate_all(verbose: bool = True, failures: list[Failure] | None = None,
         found.append(Failure(path.stem, "load", "import", e, str(path)))
     files: dict[str, str] = {}
     failed: dict[str, set[str]] = {}
+    notes: list[tuple[str, str, str]] = []
     for name, o in ops.items():
         for target, gen in GENERATORS:
             if any(f.op == name and f.stage == "trace" for f in found):
@@ -153,6 +169,12 @@ def generate_all(verbose: bool = True, failures: list[Failure] | None = None,
             t0 = time.perf_counter()
             try:
                 produced = gen(o)
+            except TileUnsupported as e:  # not an error: the op is not offered on that target
+                notes.append((name, target, e.what))
+                failed.setdefault(name, set()).add(target)
+                if verbose:
+                    print(f"  [{target:>6}] {name}: not supported on {target}: {e.what}", flush=True)
+                continue
             except Exception as e:
                 found.append(Failure(name, target, _stage_of(e, target), e, o.where))
                 failed.setdefault(name, set()).add(target)
@@ -165,11 +187,12 @@ def generate_all(verbose: bool = True, failures: list[Failure] | None = None,
                       f"({time.perf_counter() - t0:.2f}s)", flush=True)
     cpu_ops = [o for n, o in ops.items() if not failed.get(n, set()) & set(CPU_TARGETS)]
     cuda_ops = [o for o in cpu_ops if "cuda" not in failed.get(o.name, set())]
+    asc_ops = [o for o in cpu_ops if "ascendc" not in failed.get(o.name, set())]
     for o in ops.values():  # a CPU failure drops the op everywhere: remove what it did produce
         if o not in cpu_ops:
-            for p in [f"ir/{o.name}.mlir", f"cpu/{o.name}.c", f"cuda/{o.name}.cu"]:
+            for p in [f"ir/{o.name}.mlir", f"cpu/{o.name}.c", f"cuda/{o.name}.cu", f"ascendc/{o.name}.cpp"]:
                 files.pop(p, None)
-    files.update(generate_common(cpu_ops, cuda_ops))
+    files.update(generate_common(cpu_ops, cuda_ops, asc_ops))
     sys.stdout.flush()
     for f in found:
         print(f"opgen build: error: {f.message()}", file=sys.stderr)

@@ -64,6 +64,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     from opgen.passes import pipeline
 
     o = registry.get(args.op)
+    if args.report:
+        return _show_report(o, args)
     if not (args.ir or args.stage):
         print(f"{o.name}  [{o.where}]\n")
         print(o.doc + "\n" if o.doc else "", end="")
@@ -83,6 +85,32 @@ def cmd_show(args: argparse.Namespace) -> int:
     pipeline.run(m, args.target, until=stage)
     print(f"// {o.name}: stage '{stage}' of pipeline '{args.target}'")
     print(m)
+    return 0
+
+
+#: the sizes a report uses when --dims does not name a dim
+REPORT_DEFAULT_DIM = 1024
+
+
+def _show_report(o: OpDef, args: argparse.Namespace) -> int:
+    """``opgen show OP --target T --report``: the static report of each kernel instance."""
+    from opgen.passes import pipeline
+    from opgen.tile import dialect as tdl
+    from opgen.tile import report
+
+    if args.target not in ("ascendc",):
+        raise ValueError(f"--report is for the tile-level targets (ascendc), not {args.target!r}")
+    dims = {d: int(v) for d, v in _parse_kv(args.dims).items()}
+    for d in o.signature.dims():
+        dims.setdefault(d, REPORT_DEFAULT_DIM)
+    plat = {"cores": 48, "ub_bytes": 196608}
+    plat.update({k: int(v) for k, v in _parse_kv(args.platform).items()})
+    m = o.module()
+    pipeline.run(m, args.target)
+    rs = [report.report(k, dims, plat) for k in m.body.block.ops if isinstance(k, tdl.KernelOp)]
+    print(f"// {o.name} on {args.target} at {', '.join(f'{k}={v}' for k, v in dims.items())}; "
+          f"platform {', '.join(f'{k}={v}' for k, v in plat.items())}")
+    print(report.format_report(rs))
     return 0
 
 
@@ -200,6 +228,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--ir", action="store_true", help="print the IR after the whole pipeline")
     p.add_argument("--stage", help="print the IR after this stage of the pipeline")
     p.add_argument("--target", default="l0", help="pipeline to run (default: l0)")
+    p.add_argument("--report", action="store_true",
+                   help="tile-level targets: the static report of each kernel (tiling, on-chip bytes, global "
+                        "bytes moved vs the minimum, cores) at --dims")
+    p.add_argument("--dims", help=f"sizes for --report, e.g. N=8192,D=4096 (default {REPORT_DEFAULT_DIM} each)")
+    p.add_argument("--platform", help="device for --report, e.g. cores=48,ub_bytes=196608 (Atlas A2 / 910B)")
     p.set_defaults(fn=cmd_show)
 
     p = sub.add_parser("build", help="regenerate generated/ from ops_dsl/",

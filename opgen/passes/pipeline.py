@@ -19,6 +19,10 @@ from opgen.ir.dialect import Opgen
 from opgen.lower.fuse_reductions import FuseReductions
 from opgen.lower.sched import Sched
 from opgen.lower.to_loops import LowerToLoops
+from opgen.tile.buffers import PlanBuffers
+from opgen.tile.dialect import Tile
+from opgen.tile.lower import LowerToTiles
+from opgen.tile.sizes import PlanWorkspace, SizeTiles, SplitCores
 
 #: Tensor-level (L0) clean-up shared by every target.
 L0: list[ModulePass] = [CanonicalizePass(), CommonSubexpressionElimination(), DeadCodeElimination()]
@@ -34,6 +38,10 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # (opgen/emit/cuda.py). Matmul chains in tiles of 64 rows: one block per 64 rows of the
     # row pass (BT = 8192 -> 128 blocks, enough for an H100's 132 SMs), one tensor-core tile high.
     "cuda": [*L0, LowerToLoops(chain_rows=64), FuseReductions()],
+    # Ascend C: the tile level (opgen/tile/): row tiles walked block-cyclically over the vector
+    # cores, on-chip buffers planned under the unified buffer's capacity (opgen/emit/ascendc.py).
+    "ascendc": [*L0, LowerToTiles(), CanonicalizePass(), CommonSubexpressionElimination(), PlanBuffers(),
+                SizeTiles(), SplitCores(), PlanWorkspace()],
 }
 
 
@@ -51,6 +59,7 @@ def context() -> Context:
     ctx.load_dialect(Builtin)
     ctx.load_dialect(Opgen)
     ctx.load_dialect(Sched)
+    ctx.load_dialect(Tile)
     return ctx
 
 

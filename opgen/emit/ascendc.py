@@ -1,0 +1,649 @@
+"""The Ascend C target: one ``__global__ __aicore__`` kernel per op variant x dtype binding, its
+tiling struct and host tiling function, and host launchers behind the plain C ABI
+(``opgen_ascendc_<op>``, declared in ``include/opgen_ascendc.h``).
+
+The printer prints the tile level (opgen/tile/) after the ascendc pipeline; every decision —
+tile sizes, queues, double buffering, the split over cores, the workspace layout — was made by a
+pass and is read off the IR. Spellings are CANN's Ascend C (``kernel_operator.h``): ``TPipe``,
+``TQue``/``TBuf``, ``LocalTensor``/``GlobalTensor``, ``DataCopyPad`` with ``DataCopyExtParams``,
+count-form vector ops (``Add``, ``Muls``, ``Cast``, ``ReduceSum``...). f16/bf16 tiles are cast to
+f32 for the math and back before they are stored, rounding once (``RoundMode::CAST_RINT``).
+
+Op -> text, one IR op at a time:
+
+* ``tile.copy_in`` -> ``AllocTensor`` from its queue, ``DataCopyPad`` (each GM row padded to the
+  tile's 32-byte row pitch in the unified buffer), ``EnQue``/``DeQue``;
+* ``tile.copy_out`` -> ``EnQue``/``DeQue`` of the value's copy-out queue, ``DataCopyPad`` back,
+  ``FreeTensor``;
+* an elementwise L0 op on tiles -> one count-form vector op over the whole tile, or, when an
+  operand is a folded broadcast (plan-buffers), the scalar form (``Adds``/``Muls``...) with the
+  scalar, the row's value (one call per row) or the column vector (one call per row);
+* ``tile.reduce`` along the rows -> ``ReduceSum``/``ReduceMax``/``ReduceMin`` per row into the
+  per-row tile; across the rows -> ``Add`` of the valid rows in order;
+* scalar ops -> C expressions (the tiling struct's fields for ``tile.param``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.ir import Block, BlockArgument, Operation, SSAValue
+
+from opgen import dtypes
+from opgen.dsl.opdef import OpDef
+from opgen.emit import cnames, cpu
+from opgen.emit.c_family import SCALAR_FIELD, c_literal
+from opgen.ir import dialect as ir
+from opgen.passes import pipeline
+from opgen.tile import dialect as t
+from opgen.tile.buffers import layout
+from opgen.tile.lower import TileUnsupported
+from opgen.tile.sizes import TILING_BYTES
+
+#: storage C types on the AI core
+ACL_CTYPE = {"f32": "float", "f16": "half", "bf16": "bfloat16_t", "i32": "int32_t", "i64": "int64_t",
+             "i16": "int16_t", "i8": "int8_t", "u8": "uint8_t", "bool": "uint8_t", "u16": "uint16_t",
+             "u32": "uint32_t"}
+#: scalar C types
+SCALAR_CTYPE = {"f32": "float", "i64": "int64_t", "bool": "bool", "i32": "int32_t"}
+
+BINARY_VEC = {ir.AddOp: "Add", ir.SubOp: "Sub", ir.MulOp: "Mul", ir.DivOp: "Div", ir.MaxOp: "Max",
+              ir.MinOp: "Min"}
+SCALAR_FORM = {ir.AddOp: "Adds", ir.MulOp: "Muls", ir.MaxOp: "Maxs", ir.MinOp: "Mins"}
+UNARY_VEC = {ir.ExpOp: "Exp", ir.LogOp: "Ln", ir.SqrtOp: "Sqrt", ir.RsqrtOp: "Rsqrt", ir.RecipOp: "Reciprocal",
+             ir.AbsOp: "Abs"}
+REDUCE_VEC = {"sum": "ReduceSum", "max": "ReduceMax", "min": "ReduceMin"}
+C_BINARY = {ir.AddOp: "+", ir.SubOp: "-", ir.MulOp: "*", ir.AndOp: "&&", ir.OrOp: "||"}
+C_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+def inst_name(kernel: t.KernelOp) -> str:
+    """``k_<variant>_<dtypes>``, the C name of a kernel instance (sym ``variant.dt1.dt2``)."""
+    return "k_" + kernel.sym_name.data.replace(".", "_")
+
+
+@dataclass
+class _Arg:
+    name: str  # DSL parameter name
+    value: BlockArgument
+    index: int  # parameter index (opgen_buf_t / scalar slot)
+
+
+class AscendPrinter:
+    """Prints one kernel instance: tiling struct, kernel, host tiling function and launcher."""
+
+    def __init__(self, k: t.KernelOp, dims: list[str], pidx: dict[str, int]):
+        self.k = k
+        self.inst = inst_name(k)
+        self.dims = dims
+        self.pidx = pidx
+        self.names: dict[SSAValue, str] = {}
+        self.lines: list[str] = []
+        self.depth = 1
+        self.counter = 0
+        self.buffers = {op.sym.data: op for op in k.body.block.ops if isinstance(op, t.BufferOp)}
+        self.tiling = next(op for op in k.body.block.ops if isinstance(op, t.TilingOp))
+        self.params = [op.param.data for op in self.tiling.body.block.ops if isinstance(op, t.SetParamOp)]
+        names = [a.data for a in k.arg_names.data]
+        self.args = [_Arg(n, a, pidx.get(n, -1)) for n, a in zip(names, k.body.block.args, strict=True)]
+
+    # ------------------------------------------------------------------ helpers
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+    def fresh(self, prefix: str = "v") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def name(self, v: SSAValue) -> str:
+        return self.names[v]
+
+    @staticmethod
+    def ctype(dt: str) -> str:
+        return ACL_CTYPE[dt]
+
+    def sctype(self, v: SSAValue) -> str:
+        dt = ir.tensor_type(v).dtype
+        if dt not in SCALAR_CTYPE:
+            raise TileUnsupported(self.k.sym_name.data, f"a {dt} scalar")
+        return SCALAR_CTYPE[dt]
+
+    def pitch_of(self, v: SSAValue) -> str:
+        """Elements per row of a tile value's buffer."""
+        cols = ir.tensor_type(v).shape[1]
+        return "tl.col_chunk" if cols == "CC" else "tl.pitch"
+
+    def count_of(self, v: SSAValue) -> str:
+        """Elements a vector op covers for a tile value (its whole buffer)."""
+        lay = layout(ir.tensor_type(v).shape)
+        if lay == "tile":
+            return f"(int32_t)(tl.rows * {self.pitch_of(v)})"
+        if lay == "vec":
+            return "(int32_t)tl.rows"
+        return f"(int32_t){self.pitch_of(v)}"
+
+    # ------------------------------------------------------------------ scalar expressions
+    def scalar_expr(self, op: Operation, host: bool = False) -> str:
+        """A C expression for a scalar op (kernel side, or ``host`` in the tiling function)."""
+        if isinstance(op, ir.ConstantOp):
+            return c_literal(op.number, dtypes.by_name(ir.tensor_type(op.result).dtype))
+        if isinstance(op, ir.DimOp):
+            return f"d_{op.dim.data}"
+        if isinstance(op, t.ParamOp):
+            return f"tl.{op.param.data}"
+        if isinstance(op, t.BlockIdxOp):
+            return "(int64_t)GetBlockIdx()"
+        if isinstance(op, t.BlockNumOp):
+            return "(int64_t)GetBlockNum()"
+        if isinstance(op, t.PlatformOp):
+            return op.what.data
+        args = [self.name(o) for o in op.operands]
+        rt = ir.tensor_type(op.results[0]).dtype
+        if type(op) in C_BINARY:
+            return f"{args[0]} {C_BINARY[type(op)]} {args[1]}"
+        if isinstance(op, ir.DivOp):
+            if dtypes.by_name(rt).is_float:
+                return f"{args[0]} / {args[1]}"
+            return f"({args[1]} == 0 ? 0 : {args[0]} / {args[1]})"
+        if isinstance(op, ir.MinOp):
+            return f"({args[0]} < {args[1]} ? {args[0]} : {args[1]})"
+        if isinstance(op, ir.MaxOp):
+            return f"({args[0]} > {args[1]} ? {args[0]} : {args[1]})"
+        if isinstance(op, ir.CmpOp):
+            return f"{args[0]} {C_CMP[op.predicate.data]} {args[1]}"
+        if isinstance(op, ir.SelectOp):
+            return f"({args[0]} ? {args[1]} : {args[2]})"
+        if isinstance(op, ir.NegOp):
+            return f"-{args[0]}"
+        if isinstance(op, ir.NotOp):
+            return f"!{args[0]}"
+        if isinstance(op, ir.CastOp):
+            return f"({SCALAR_CTYPE.get(rt, ACL_CTYPE.get(rt, 'float'))})({args[0]})"
+        raise TileUnsupported(self.k.sym_name.data, f"the scalar op {op.name}")
+
+    def define(self, v: SSAValue, expr: str) -> None:
+        n = self.fresh()
+        self.names[v] = n
+        self.line(f"const {self.sctype(v)} {n} = {expr};")
+
+    # ------------------------------------------------------------------ kernel
+    def kernel(self) -> str:
+        params = [f"GM_ADDR {cnames.local(a.name)}" for a in self.args if isinstance(a.value.type, t.GmType)]
+        head = [f'extern "C" __global__ __aicore__ void {self.inst}({", ".join(params)}, GM_ADDR tiling)', "{",
+                f"    {self.inst}_tiling_t tl;",
+                "    opgen_load_tiling(&tl, tiling, sizeof tl);"]
+        for d, i in ((d, i) for i, d in enumerate(self.dims)):
+            head.append(f"    const int64_t d_{d} = tl.dims[{i}]; (void)d_{d};")
+        for a in self.args:
+            if isinstance(a.value.type, t.GmType):
+                gm = a.value.type
+                ct = self.ctype(gm.dtype)
+                n = cnames.local(a.name)
+                self.names[a.value] = f"g_{a.name}"
+                if a.name == "workspace":
+                    self.names[a.value] = n
+                    continue
+                count = " * ".join(f"(uint64_t)d_{d}" if not d.isdigit() else f"(uint64_t){d}" for d in gm.shape)
+                head.append(f"    GlobalTensor<{ct}> g_{a.name};")
+                head.append(f"    g_{a.name}.SetGlobalBuffer((__gm__ {ct} *){n}, {count or '1'});")
+            else:
+                n = cnames.local(a.name)
+                self.names[a.value] = n
+                st = SCALAR_CTYPE[ir.tensor_type(a.value).dtype]
+                head.append(f"    const {st} {n} = tl.{cnames.local(a.name)}; (void){n};")
+        head.append("    TPipe pipe;")
+        for sym, b in self.buffers.items():
+            ct = self.ctype(b.attributes["elem"].data)  # type: ignore[attr-defined]
+            kind = b.kind.data
+            if kind == t.BufferKind.CALC:
+                head.append(f"    TBuf<TPosition::VECCALC> b_{sym};")
+                head.append(f"    pipe.InitBuffer(b_{sym}, (uint32_t)tl.bytes_{sym});")
+                head.append(f"    LocalTensor<{ct}> {sym} = b_{sym}.Get<{ct}>();")
+            else:
+                pos = "VECIN" if kind == t.BufferKind.IN else "VECOUT"
+                depth = b.depth.data
+                num = "(uint8_t)tl.nbuf" if depth == 2 else "1"
+                head.append(f"    TQue<TPosition::{pos}, {depth}> q_{sym};")
+                head.append(f"    pipe.InitBuffer(q_{sym}, {num}, (uint32_t)tl.bytes_{sym});")
+        self.lines = []
+        self.depth = 1
+        self.walk(self.k.body.block)
+        return "\n".join([*head, *self.lines, "}"]) + "\n"
+
+    def walk(self, block: Block) -> None:
+        for op in block.ops:
+            self.stmt(op)
+
+    def buffer_of(self, v: SSAValue) -> str:
+        owner = v.owner
+        if isinstance(owner, Operation) and "buffer" in owner.attributes:
+            return owner.attributes["buffer"].data  # type: ignore[attr-defined]
+        if isinstance(v, BlockArgument):
+            loop = v.owner.parent_op()
+            return loop.attributes[f"buffer{v.index}"].data  # type: ignore[union-attr]
+        raise AssertionError(f"no buffer for {v}")
+
+    def target(self, v: SSAValue) -> str:
+        """The LocalTensor an op writes ``v`` into (allocating it from a copy-out queue)."""
+        sym = self.buffer_of(v)
+        b = self.buffers[sym]
+        if b.kind.data == t.BufferKind.CALC:
+            self.names[v] = sym
+            return sym
+        n = self.fresh("o")
+        ct = self.ctype(ir.tensor_type(v).dtype)
+        self.line(f"LocalTensor<{ct}> {n} = q_{sym}.AllocTensor<{ct}>();")
+        self.names[v] = n
+        return n
+
+    def stmt(self, op: Operation) -> None:
+        if isinstance(op, t.TilingOp | t.BufferOp | ir.CheckOp):
+            return  # host side / prologue
+        if op.results and all(not r.uses for r in op.results) and not isinstance(op, t.ForOp):
+            return
+        if isinstance(op, t.ForOp):
+            self.loop(op)
+        elif isinstance(op, t.YieldOp):
+            return  # carried tiles stay in their buffer (plan-buffers)
+        elif isinstance(op, t.WorkspaceOp):
+            gm = op.result.type
+            assert isinstance(gm, t.GmType)
+            ct = self.ctype(gm.dtype)
+            n = self.fresh("w")
+            count = " * ".join(f"(uint64_t)tl.{d}" if d in self.params else f"(uint64_t)d_{d}" for d in gm.shape)
+            self.line(f"GlobalTensor<{ct}> {n};")
+            self.line(f"{n}.SetGlobalBuffer((__gm__ {ct} *)({self.name(self.k.body.block.args[-1])} + "
+                      f"tl.{op.offset.data}), {count});")
+            self.names[op.result] = n
+        elif isinstance(op, t.CopyInOp):
+            self.copy_in(op)
+        elif isinstance(op, t.CopyOutOp):
+            self.copy_out(op)
+        elif isinstance(op, t.ReleaseOp):
+            sym = self.buffer_of(op.value)
+            self.line(f"q_{sym}.FreeTensor({self.name(op.value)});")
+        elif isinstance(op, t.SyncAllOp):
+            self.line("SyncAll();")
+        elif isinstance(op, t.MoveOp):
+            dst = self.target(op.result)
+            self.line(f"DataCopy({dst}, {self.name(op.x)}, {self.count_of(op.result)});")
+        elif isinstance(op, t.ReduceOp):
+            self.reduce(op)
+        elif op.results and ir.tensor_type(op.results[0]).rank == 2:
+            self.tile_op(op)
+        elif op.results:
+            self.define(op.results[0], self.scalar_expr(op))
+        else:
+            raise TileUnsupported(self.k.sym_name.data, op.name)
+
+    def loop(self, op: t.ForOp) -> None:
+        iv = self.fresh("t")
+        self.names[op.iv] = iv
+        for arg, init, res in zip(op.body.block.args[1:], op.inits, op.res, strict=True):
+            if ir.tensor_type(arg).rank == 2:
+                self.names[arg] = self.names[init]
+                self.names[res] = self.names[init]
+            else:
+                raise TileUnsupported(self.k.sym_name.data, "a loop-carried scalar")
+        lo, hi, step = (self.name(x) for x in (op.lo, op.hi, op.step))
+        self.line(f"for (int64_t {iv} = {lo}; {iv} < {hi}; {iv} += {step}) {{")
+        self.depth += 1
+        self.walk(op.body.block)
+        self.depth -= 1
+        self.line("}")
+
+    # ------------------------------------------------------------------ data movement
+    def _gm_row(self, gm: t.GmType) -> str:
+        """Elements per row of a dense global view (1 for a rank-1 view seen as rows of one)."""
+        return f"d_{gm.shape[-1]}" if len(gm.shape) == 2 and not gm.shape[-1].isdigit() else \
+            (gm.shape[-1] if len(gm.shape) == 2 else "1")
+
+    def _copy_params(self, v: SSAValue, gm: t.GmType, nrows: str, ncols: str) -> tuple[str, str]:
+        """(DataCopyExtParams initializer, element offset expression part) for a tile of ``v``."""
+        ct = self.ctype(ir.tensor_type(v).dtype)
+        lay = layout(ir.tensor_type(v).shape)
+        if lay == "vec" or len(gm.shape) == 1:  # one block of consecutive elements
+            n = nrows if lay == "vec" else ncols
+            return f"{{1, (uint32_t)({n} * sizeof({ct})), 0, 0, 0}}", ""
+        row = self._gm_row(gm)
+        src_gap = f"(uint32_t)(({row} - {ncols}) * sizeof({ct}))"
+        padded = f"(({ncols} * sizeof({ct}) + 31) / 32 * 32)"
+        dst_gap = f"(uint32_t)(({self.pitch_of(v)} * sizeof({ct}) - {padded}) / 32)"
+        return f"{{(uint16_t){nrows}, (uint32_t)({ncols} * sizeof({ct})), {src_gap}, {dst_gap}, 0}}", row
+
+    def _gm_offset(self, gm: t.GmType, row0: str, col0: str) -> str:
+        if len(gm.shape) == 1:
+            return f"{row0} + {col0}" if row0 != "0" else col0
+        return f"{row0} * {self._gm_row(gm)} + {col0}"
+
+    def copy_in(self, op: t.CopyInOp) -> None:
+        v = op.result
+        sym = self.buffer_of(v)
+        ct = self.ctype(ir.tensor_type(v).dtype)
+        n = self.fresh("x")
+        self.names[v] = n
+        gm = t.gm_type(op.src)
+        nrows, ncols = self.name(op.nrows), self.name(op.ncols)
+        params, _ = self._copy_params(v, gm, nrows, ncols)
+        off = self._gm_offset(gm, self.name(op.row0), self.name(op.col0))
+        self.line(f"LocalTensor<{ct}> {n} = q_{sym}.AllocTensor<{ct}>();")
+        self.line(f"DataCopyPad({n}, {self.name(op.src)}[{off}], DataCopyExtParams{params}, "
+                  f"DataCopyPadExtParams<{ct}>{{false, 0, 0, ({ct})0}});")
+        self.line(f"q_{sym}.EnQue({n});")
+        self.line(f"{n} = q_{sym}.DeQue<{ct}>();")
+
+    def copy_out(self, op: t.CopyOutOp) -> None:
+        v = op.value
+        sym = self.buffer_of(v)
+        ct = self.ctype(ir.tensor_type(v).dtype)
+        gm = t.gm_type(op.dst)
+        nrows, ncols = self.name(op.nrows), self.name(op.ncols)
+        params, _ = self._copy_params(v, gm, nrows, ncols)
+        # UB -> GM: the source rows are padded in UB (srcStride in 32-byte blocks), the GM rows
+        # are spaced by dstStride bytes
+        if params.startswith("{(uint16_t)"):
+            row = self._gm_row(gm)
+            padded = f"(({ncols} * sizeof({ct}) + 31) / 32 * 32)"
+            params = (f"{{(uint16_t){nrows}, (uint32_t)({ncols} * sizeof({ct})), "
+                      f"(uint32_t)(({self.pitch_of(v)} * sizeof({ct}) - {padded}) / 32), "
+                      f"(uint32_t)(({row} - {ncols}) * sizeof({ct})), 0}}")
+        off = self._gm_offset(gm, self.name(op.row0), self.name(op.col0))
+        n = self.name(v)
+        self.line(f"q_{sym}.EnQue({n});")
+        self.line(f"{n} = q_{sym}.DeQue<{ct}>();")
+        self.line(f"DataCopyPad({self.name(op.dst)}[{off}], {n}, DataCopyExtParams{params});")
+        self.line(f"q_{sym}.FreeTensor({n});")
+
+    # ------------------------------------------------------------------ compute
+    def _bcast(self, v: SSAValue) -> tuple[str, str] | None:
+        """A folded broadcast operand: (kind, C source) — kind scalar | rows | cols."""
+        op = v.owner
+        if not (isinstance(op, ir.BroadcastOp) and "folded" in op.attributes):
+            return None
+        src = op.x
+        st = ir.tensor_type(src)
+        if st.rank == 0:
+            return "scalar", self.name(src)
+        lay = layout(st.shape)
+        return ("rows" if lay == "vec" else "cols"), self.name(src)
+
+    def tile_op(self, op: Operation) -> None:
+        v = op.results[0]
+        if isinstance(op, ir.BroadcastOp) and "folded" in op.attributes:
+            return
+        dst = self.target(v)
+        count = self.count_of(v)
+        pitch = self.pitch_of(v)
+        rows = "tl.rows"
+        if isinstance(op, ir.BroadcastOp):
+            src = op.x
+            st = ir.tensor_type(src)
+            if st.rank == 0:
+                self.line(f"Duplicate({dst}, {self.name(src)}, {count});")
+            elif layout(st.shape) == "vec":
+                r = self.fresh("r")
+                self.line("PipeBarrier<PIPE_ALL>(); /* scalar reads of vector results */")
+                self.line(f"for (int64_t {r} = 0; {r} < {rows}; {r}++) "
+                          f"Duplicate({dst}[{r} * {pitch}], {self.name(src)}.GetValue({r}), (int32_t){pitch});")
+            else:
+                r = self.fresh("r")
+                self.line(f"for (int64_t {r} = 0; {r} < {rows}; {r}++) "
+                          f"DataCopy({dst}[{r} * {pitch}], {self.name(src)}, (uint32_t){pitch});")
+            return
+        if isinstance(op, ir.CastOp):
+            src_dt = ir.tensor_type(op.x).dtype
+            dst_dt = ir.tensor_type(v).dtype
+            mode = "RoundMode::CAST_NONE" if dtypes.by_name(dst_dt).itemsize >= dtypes.by_name(src_dt).itemsize \
+                and dtypes.by_name(dst_dt).is_float else "RoundMode::CAST_RINT"
+            self.line(f"Cast({dst}, {self.name(op.x)}, {mode}, {count});")
+            return
+        if type(op) in UNARY_VEC:
+            self.line(f"{UNARY_VEC[type(op)]}({dst}, {self.name(op.operands[0])}, {count});")
+            return
+        if isinstance(op, ir.NegOp):
+            self.line(f"Muls({dst}, {self.name(op.x)}, (float)-1, {count});")
+            return
+        if isinstance(op, ir.SigmoidOp):  # 1 / (1 + exp(-x)), each step rounded as the oracle does
+            x = self.name(op.x)
+            self.line(f"Muls({dst}, {x}, (float)-1, {count});")
+            self.line(f"Exp({dst}, {dst}, {count});")
+            self.line(f"Adds({dst}, {dst}, (float)1, {count});")
+            self.line(f"Reciprocal({dst}, {dst}, {count});")
+            return
+        if type(op) in BINARY_VEC:
+            a, b = op.operands
+            ba, bb = self._bcast(a), self._bcast(b)
+            fn = BINARY_VEC[type(op)]
+            if ba is None and bb is None:
+                self.line(f"{fn}({dst}, {self.name(a)}, {self.name(b)}, {count});")
+                return
+            self.binary_bcast(op, dst, a, b, ba, bb)
+            return
+        raise TileUnsupported(self.k.sym_name.data, f"{op.name} on tiles")
+
+    def binary_bcast(self, op: Operation, dst: str, a: SSAValue, b: SSAValue,
+                     ba: tuple[str, str] | None, bb: tuple[str, str] | None) -> None:
+        """An elementwise op one of whose operands is a folded broadcast."""
+        v = op.results[0]
+        count, pitch = self.count_of(v), self.pitch_of(v)
+        swapped = ba is not None
+        x, (kind, s) = (b, ba) if swapped else (a, bb)  # type: ignore[misc]
+        xn = self.name(x)
+        commutative = not isinstance(op, ir.SubOp)
+        if kind == "cols":  # the same row vector against every row of the tile
+            fn = BINARY_VEC[type(op)]
+            r = self.fresh("r")
+            lhs, rhs = (s, f"{xn}[{r} * {pitch}]") if swapped else (f"{xn}[{r} * {pitch}]", s)
+            self.line(f"for (int64_t {r} = 0; {r} < tl.rows; {r}++) "
+                      f"{fn}({dst}[{r} * {pitch}], {lhs}, {rhs}, (int32_t){pitch});")
+            return
+
+        def scalar_form(out: str, src: str, scal: str, n: str) -> list[str]:
+            if isinstance(op, ir.SubOp) and not swapped:  # x - s = x + (-s), exact
+                return [f"Adds({out}, {src}, -({scal}), {n});"]
+            if isinstance(op, ir.SubOp):  # s - x = (-x) + s, exact
+                return [f"Muls({out}, {src}, (float)-1, {n});", f"Adds({out}, {out}, {scal}, {n});"]
+            assert commutative
+            return [f"{SCALAR_FORM[type(op)]}({out}, {src}, {scal}, {n});"]
+
+        if kind == "scalar":
+            for text in scalar_form(dst, xn, s, count):
+                self.line(text)
+            return
+        r = self.fresh("r")  # a per-row value: one scalar-form call per row
+        self.line("PipeBarrier<PIPE_ALL>(); /* scalar reads of vector results */")
+        self.line(f"for (int64_t {r} = 0; {r} < tl.rows; {r}++) {{")
+        self.depth += 1
+        sv = self.fresh("s")
+        self.line(f"const float {sv} = {s}.GetValue({r});")
+        for text in scalar_form(f"{dst}[{r} * {pitch}]", f"{xn}[{r} * {pitch}]", sv, f"(int32_t){pitch}"):
+            self.line(text)
+        self.depth -= 1
+        self.line("}")
+
+    def reduce(self, op: t.ReduceOp) -> None:
+        v = op.result
+        dst = self.target(v)
+        x = self.name(op.x)
+        pitch = self.pitch_of(op.x)
+        kind = op.kind.data
+        if op.axis.data == 1:  # along each row: into the per-row tile
+            rdst, rwork = op.attributes["scratch"].data.split()  # type: ignore[attr-defined]
+            r = self.fresh("r")
+            self.line(f"for (int64_t {r} = 0; {r} < tl.rows; {r}++) {{")
+            self.depth += 1
+            extra = ", false" if kind != "sum" else ""
+            count = self.name(op.count)
+            self.line(f"{REDUCE_VEC[kind]}({rdst}, {x}[{r} * {pitch}], {rwork}, (int32_t){count}{extra});")
+            self.line("PipeBarrier<PIPE_ALL>(); /* the scalar read of the result */")
+            self.line(f"{dst}.SetValue({r}, {rdst}.GetValue(0));")
+            self.depth -= 1
+            self.line("}")
+            self.line("PipeBarrier<PIPE_ALL>(); /* scalar writes before vector reads */")
+            return
+        # across the valid rows, in order: row 0, then + row 1, + row 2, ...
+        fn = {"sum": "Add", "max": "Max", "min": "Min"}[kind]
+        r = self.fresh("r")
+        self.line(f"DataCopy({dst}, {x}, (uint32_t){pitch});")
+        self.line(f"for (int64_t {r} = 1; {r} < {self.name(op.count)}; {r}++) "
+                  f"{fn}({dst}, {dst}, {x}[{r} * {pitch}], (int32_t){pitch});")
+
+    # ------------------------------------------------------------------ host side
+    def tiling_struct(self) -> str:
+        fields = [f"    int64_t dims[{max(len(self.dims), 1)}];"]
+        for a in self.args:
+            if not isinstance(a.value.type, t.GmType):
+                st = SCALAR_CTYPE[ir.tensor_type(a.value).dtype]
+                fields.append(f"    {st} {cnames.local(a.name)};")
+        fields += [f"    int64_t {p};" for p in self.params]
+        return ("typedef struct {\n" + "\n".join(fields) + f"\n}} {self.inst}_tiling_t;\n"
+                f"static_assert(sizeof({self.inst}_tiling_t) <= {TILING_BYTES}, \"tiling data too large\");\n")
+
+    def host_tiling(self) -> str:
+        """``<inst>_tiling(dims, sc, cores, ub_bytes, tl)``: the tiling region, then the op's checks."""
+        saved = self.lines, self.depth, dict(self.names)
+        self.lines, self.depth = [], 1
+        for d, i in ((d, i) for i, d in enumerate(self.dims)):
+            self.line(f"const int64_t d_{d} = dims[{i}]; (void)d_{d};")
+            self.line(f"tl->dims[{i}] = d_{d};")
+        for a in self.args:
+            if not isinstance(a.value.type, t.GmType):
+                n = cnames.local(a.name)
+                st = SCALAR_CTYPE[ir.tensor_type(a.value).dtype]
+                self.line(f"const {st} {n} = sc[{a.index}].{SCALAR_FIELD[ir.tensor_type(a.value).dtype]}; (void){n};")
+                self.line(f"tl->{n} = {n};")
+                self.names[a.value] = n
+        for op in self.k.body.block.ops:  # the op's checks on attributes and sizes
+            if isinstance(op, ir.CheckOp):
+                self._host_check(op)
+        for op in self.tiling.body.block.ops:
+            if isinstance(op, t.SetParamOp):
+                self.line(f"tl->{op.param.data} = {self.name(op.value)};")
+            elif isinstance(op, ir.CheckOp):
+                self._host_check(op, status="shape")
+            else:
+                self.define(op.results[0], self.scalar_expr(op, host=True))
+        body = self.lines
+        self.lines, self.depth, self.names = saved
+        head = (f"static opgen_status_t {self.inst}_tiling(const int64_t *dims, const opgen_scalar_t *sc, "
+                f"int64_t cores, int64_t ub_bytes, {self.inst}_tiling_t *tl) {{")
+        tail = ["    (void)dims; (void)sc; (void)cores; (void)ub_bytes;", "    return OPGEN_SUCCESS;", "}"]
+        return "\n".join([head, "    memset(tl, 0, sizeof *tl);", *body, *tail]) + "\n"
+
+    def _host_check(self, op: ir.CheckOp, status: str | None = None) -> None:
+        needed: list[Operation] = []
+        todo = [op.cond]
+        seen: set[SSAValue] = set()
+        while todo:
+            x = todo.pop()
+            if x in self.names or x in seen or not isinstance(x.owner, Operation):
+                continue
+            seen.add(x)
+            needed.append(x.owner)
+            todo.extend(x.owner.operands)
+        for o in sorted(needed, key=lambda o: self._order(o)):
+            self.define(o.results[0], self.scalar_expr(o, host=True))
+        st = {"param": "OPGEN_ERR_PARAM", "shape": "OPGEN_ERR_SHAPE", "index": "OPGEN_ERR_INDEX"}[
+            status or op.status.data]
+        msg = op.message.data.replace('"', "'")
+        op_name = self.k.sym_name.data.split(".")[0]
+        self.line(f'if (!({self.name(op.cond)})) return opgen_fail({st}, "{op_name}: {msg}");')
+
+    def _order(self, op: Operation) -> int:
+        for i, o in enumerate(self.k.body.block.walk()):
+            if o is op:
+                return i
+        return 0
+
+    def launcher(self) -> str:
+        """The kernel entry the binder calls: tiling, tiling data into the workspace, launch."""
+        ptrs = []
+        for a in self.args:
+            if isinstance(a.value.type, t.GmType):
+                if a.name == "workspace":
+                    ptrs.append("(GM_ADDR)ws")
+                else:
+                    ptrs.append(f"(GM_ADDR)bufs[{a.index}].data")
+        return "\n".join([
+            f"static size_t h_{self.inst}_ws(const int64_t *dims) {{",
+            f"    {self.inst}_tiling_t tl;",
+            "    opgen_scalar_t sc[OPGEN_MAX_PARAMS];",
+            "    memset(sc, 0, sizeof sc); /* the sizes never depend on scalar values */",
+            f"    if ({self.inst}_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) "
+            "!= OPGEN_SUCCESS)",
+            f"        return {TILING_BYTES}; /* the pre-check reports why */",
+            "    return (size_t)tl.ws_bytes;",
+            "}",
+            f"static opgen_status_t h_{self.inst}_pre(const opgen_buf_t *bufs, const int64_t *dims, "
+            "const opgen_scalar_t *sc) {",
+            f"    {self.inst}_tiling_t tl;",
+            "    (void)bufs;",
+            f"    return {self.inst}_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);",
+            "}",
+            f"static opgen_status_t h_{self.inst}(const opgen_buf_t *bufs, const int64_t *dims, "
+            "const opgen_scalar_t *sc, char *ws, void *stream) {",
+            f"    {self.inst}_tiling_t tl;",
+            f"    opgen_status_t st = {self.inst}_tiling(dims, sc, opgen_ascendc_cores(), "
+            "opgen_ascendc_ub_bytes(), &tl);",
+            "    if (st != OPGEN_SUCCESS) return st;",
+            "    if (aclrtMemcpy(ws, sizeof tl, &tl, sizeof tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)",
+            f'        return opgen_fail(OPGEN_ERR_INTERNAL, "{self.inst}: cannot copy the tiling data");',
+            f"    {self.inst}<<<(uint32_t)tl.block_dim, nullptr, stream>>>({', '.join([*ptrs, '(GM_ADDR)ws'])});",
+            f'    return opgen_ascendc_launched("{self.inst}");',
+            "}",
+        ]) + "\n"
+
+
+# ---------------------------------------------------------------------- translation unit
+def kernels(o: OpDef) -> dict[tuple[str, ...], list[t.KernelOp]]:
+    """Each valid variant's kernel instances after the ascendc pipeline (TileUnsupported when the
+    tile level cannot express the op)."""
+    m = o.module()
+    pipeline.run(m, "ascendc")
+    names = {o.variant_name(p): p for p in o.variants}
+    out: dict[tuple[str, ...], list[t.KernelOp]] = {}
+    for k in m.body.block.ops:
+        assert isinstance(k, t.KernelOp)
+        out.setdefault(names[k.sym_name.data.split(".")[0]], []).append(k)
+    return out
+
+
+def op_source(o: OpDef) -> str:
+    """The Ascend C translation unit of one op: kernels, tiling, host launchers, plain entries."""
+    try:
+        ks = kernels(o)
+    except pipeline.StageFailed as e:
+        if isinstance(e.__cause__, TileUnsupported):
+            raise e.__cause__ from None
+        raise
+    dims, _, _, pidx, _ = cpu.op_layout(o)
+    parts = [f"/* {o.name}: Ascend C kernels generated by opgen from {o.where}. Do not edit. */",
+             '#include "kernel_operator.h"', '#include "opgen_ascendc_rt.h"', "", "using namespace AscendC;", ""]
+    inst: dict[tuple[str, ...], list[cpu.Instance]] = {}
+    for present, kl in ks.items():
+        for k in kl:
+            p = AscendPrinter(k, dims, pidx)
+            binding = {v: dtypes.by_name(d.data) for v, d in k.dtype_vars.data.items()}  # type: ignore[attr-defined]
+            parts += [p.tiling_struct(), p.kernel(), p.host_tiling(), p.launcher()]
+            inst.setdefault(present, []).append(cpu.Instance(present, binding, f"h_{p.inst}"))
+    parts += _tables(o, inst)
+    parts += cpu.entry_points(o, prefix="opgen_ascendc_", run="opgen_ascendc_run", extra_params=", void *stream",
+                              extra_args=", stream", decl='extern "C" OPGEN_API ')
+    return "\n".join(parts) + "\n"
+
+
+def _tables(o: OpDef, inst: dict[tuple[str, ...], list[cpu.Instance]]) -> list[str]:
+    """The op's signature table over this target's host entries (``h_<inst>``, ``_ws``, ``_pre``)."""
+    return cpu.op_tables(o, inst)
+
+
+def unsupported_reason(o: OpDef) -> str | None:
+    """Why the op has no Ascend C kernels (None when it has)."""
+    try:
+        kernels(o)
+    except pipeline.StageFailed as e:
+        if isinstance(e.__cause__, TileUnsupported):
+            return e.__cause__.what
+        raise
+    return None
+

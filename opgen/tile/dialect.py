@@ -1,0 +1,451 @@
+"""The ``tile`` dialect: the tile level (L2) the NPU targets (Ascend C, TT-Metal) share.
+
+A ``tile.kernel`` is the work of one core (an Ascend vector core, a Tensix core): it walks tiles
+of global tensors (``!tile.gm``), copies each into on-chip memory (``tile.copy_in``), computes on
+whole tiles and copies results out (``tile.copy_out``). Compute stays at the tensor level: tiles
+are ``!opgen.tensor`` values whose shapes name tile sizes (``R`` rows, ``C`` columns), and the
+elementwise math is the L0 ops themselves on those tile-shaped tensors; broadcasts stay
+``opgen.broadcast``; reductions over a tile are ``tile.reduce`` (with the number of valid
+elements, since edge tiles are partial). Tile sizes are ``tile.param`` values computed by the
+host tiling function, which the kernel's ``tile.tiling`` region describes (it reads the core
+count and the on-chip capacity with ``tile.platform`` — never constants in the kernel).
+
+Every decision is a pass (see opgen/tile/): which values a tile walk produces (lower-to-tiles),
+the tile sizes under the capacity budget and alignment (size-tiles), the split across cores
+(split-cores), and the on-chip buffers — memory space, queue depth, reuse — (plan-buffers). The
+printers print what the passes decided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import auto
+
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, StringAttr
+from xdsl.dialects.utils import EnumAttribute
+from xdsl.ir import (
+    Attribute,
+    Block,
+    Dialect,
+    ParametrizedAttribute,
+    Region,
+    SpacedOpaqueSyntaxAttribute,
+    SSAValue,
+    TypeAttribute,
+)
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+    var_result_def,
+)
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
+from xdsl.traits import IsolatedFromAbove, IsTerminator, NoTerminator, Pure
+from xdsl.utils.exceptions import VerifyException
+from xdsl.utils.str_enum import StrEnum
+
+from opgen.ir.dialect import SymbolicShape, TensorType, parse_shape_and_dtype, tensor_type
+
+INDEX = TensorType.make([], "i64")
+
+
+class MemSpace(StrEnum):
+    """Where a buffer lives: global memory, or one of the cores' on-chip memories."""
+
+    GM = auto()  # global (device) memory
+    UB = auto()  # Ascend unified buffer (vector core)
+    L1 = auto()  # Ascend L1 / Tensix L1 SRAM
+    L0A = auto()  # Ascend cube operand buffers
+    L0B = auto()
+    L0C = auto()  # Ascend cube accumulator
+    CB = auto()  # Tenstorrent circular buffer (in L1)
+    DST = auto()  # Tenstorrent destination registers
+    SHARED = auto()  # GPU shared memory
+
+
+@irdl_attr_definition
+class MemSpaceAttr(EnumAttribute[MemSpace], SpacedOpaqueSyntaxAttribute):
+    """``#tile<space ub>``."""
+
+    name = "tile.space"
+
+
+class BufferKind(StrEnum):
+    """How an on-chip buffer is synchronised: a copy-in or copy-out queue (the copy engine and the
+    compute unit hand tiles over through it), or a plain compute buffer."""
+
+    IN = auto()
+    OUT = auto()
+    CALC = auto()
+
+
+@irdl_attr_definition
+class BufferKindAttr(EnumAttribute[BufferKind], SpacedOpaqueSyntaxAttribute):
+    name = "tile.kind"
+
+
+@irdl_attr_definition
+class GmType(SymbolicShape, ParametrizedAttribute, TypeAttribute):
+    """``!tile.gm<[N, D], T>``: a dense row-major view of global memory (a kernel argument or a
+    region of the workspace). The host hands kernels dense tensors (it packs other layouts
+    first), so the row pitch is the last dim."""
+
+    name = "tile.gm"
+
+    dims: ArrayAttr[StringAttr]
+    elem: StringAttr
+
+    @staticmethod
+    def make(shape: Sequence[str | int], dtype: str) -> GmType:
+        return GmType(ArrayAttr([StringAttr(str(d)) for d in shape]), StringAttr(dtype))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
+        parser.parse_punctuation("<")
+        dims, elem = parse_shape_and_dtype(parser)
+        parser.parse_punctuation(">")
+        return [dims, elem]
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<[{', '.join(self.shape)}], {self.dtype}>")
+
+
+def gm_type(v: SSAValue) -> GmType:
+    if not isinstance(v.type, GmType):
+        raise VerifyException(f"expected a !tile.gm view, got {v.type}")
+    return v.type
+
+
+def _index(op: IRDLOperation, *vals: SSAValue) -> None:
+    for v in vals:
+        if tensor_type(v) != INDEX:
+            raise VerifyException(f"{op.name}: offsets and counts must be i64 scalars")
+
+
+# ------------------------------------------------------------------------------ structure
+
+
+@irdl_op_definition
+class KernelOp(IRDLOperation):
+    """One core's program for one dtype binding (``dtype_vars`` maps each dtype variable to the
+    dtype of this instance). Block arguments: the op's parameters (``!tile.gm`` for tensors,
+    rank-0 ``!opgen.tensor`` for attributes and sizes), then the workspace (``!tile.gm<[W], u8>``)."""
+
+    name = "tile.kernel"
+    sym_name = prop_def(StringAttr)
+    arg_names = prop_def(ArrayAttr[StringAttr])
+    dtype_vars = prop_def(DictionaryAttr)
+    body = region_def("single_block")
+    traits = traits_def(IsolatedFromAbove(), NoTerminator())
+
+    def __init__(self, sym_name: str, arg_names: Sequence[str], arg_types: Sequence[Attribute],
+                 dtype_vars: DictionaryAttr):
+        block = Block(arg_types=arg_types)
+        for a, n in zip(block.args, arg_names, strict=True):
+            a.name_hint = n
+        super().__init__(properties={"sym_name": StringAttr(sym_name),
+                                     "arg_names": ArrayAttr([StringAttr(n) for n in arg_names]),
+                                     "dtype_vars": dtype_vars},
+                         regions=[Region(block)])
+
+    def verify_(self) -> None:
+        if len(self.arg_names.data) != len(self.body.block.args):
+            raise VerifyException("tile.kernel: arg_names and block arguments differ in number")
+
+
+@irdl_op_definition
+class TilingOp(IRDLOperation):
+    """The host's tiling function of the enclosing kernel: scalar code over dims and
+    ``tile.platform`` values ending in ``tile.set_param``s. It runs on the host before the launch;
+    the kernel reads the results with ``tile.param``."""
+
+    name = "tile.tiling"
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator())
+
+    def __init__(self) -> None:
+        super().__init__(regions=[Region(Block())])
+
+
+@irdl_op_definition
+class PlatformOp(IRDLOperation):
+    """A property of the device the host queries (``cores``: vector cores; ``ub_bytes``: on-chip
+    buffer capacity per core): an input of the tiling, never a kernel constant."""
+
+    name = "tile.platform"
+    what = prop_def(StringAttr)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, what: str):
+        super().__init__(properties={"what": StringAttr(what)}, result_types=[INDEX])
+
+    def verify_(self) -> None:
+        if self.what.data not in ("cores", "ub_bytes"):
+            raise VerifyException("tile.platform: 'cores' or 'ub_bytes'")
+
+
+@irdl_op_definition
+class SetParamOp(IRDLOperation):
+    """Inside ``tile.tiling``: the value of a tiling parameter (a field of the tiling struct)."""
+
+    name = "tile.set_param"
+    param = prop_def(StringAttr)
+    value = operand_def(TensorType)
+
+    def __init__(self, param: str, value: SSAValue):
+        super().__init__(operands=[value], properties={"param": StringAttr(param)})
+
+
+@irdl_op_definition
+class ParamOp(IRDLOperation):
+    """A tiling parameter in the kernel (read from the tiling struct the host filled)."""
+
+    name = "tile.param"
+    param = prop_def(StringAttr)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, param: str):
+        super().__init__(properties={"param": StringAttr(param)}, result_types=[INDEX])
+
+
+@irdl_op_definition
+class BlockIdxOp(IRDLOperation):
+    """This core's index among the cores of the launch."""
+
+    name = "tile.block_idx"
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self) -> None:
+        super().__init__(result_types=[INDEX])
+
+
+@irdl_op_definition
+class BlockNumOp(IRDLOperation):
+    """The number of cores of the launch."""
+
+    name = "tile.block_num"
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self) -> None:
+        super().__init__(result_types=[INDEX])
+
+
+@irdl_op_definition
+class ForOp(IRDLOperation):
+    """``for iv = lo; iv < hi; iv += step`` with loop-carried values: the body's block arguments
+    are ``iv`` and the carried values; ``tile.yield`` gives the next carried values; the results
+    are the last ones (the initial ones when the loop runs no iteration)."""
+
+    name = "tile.for"
+    lo = operand_def(TensorType)
+    hi = operand_def(TensorType)
+    step = operand_def(TensorType)
+    inits = var_operand_def(TensorType)
+    res = var_result_def(TensorType)
+    body = region_def("single_block")
+
+    def __init__(self, lo: SSAValue, hi: SSAValue, step: SSAValue, inits: Sequence[SSAValue] = (), hint: str = "t"):
+        block = Block(arg_types=[INDEX, *(v.type for v in inits)])
+        block.args[0].name_hint = hint
+        super().__init__(operands=[lo, hi, step, inits], result_types=[[v.type for v in inits]],
+                         regions=[Region(block)])
+
+    @property
+    def iv(self) -> SSAValue:
+        return self.body.block.args[0]
+
+    def verify_(self) -> None:
+        _index(self, self.lo, self.hi, self.step)
+        if len(self.res) != len(self.inits) or len(self.body.block.args) != 1 + len(self.inits):
+            raise VerifyException("tile.for: carried values, results and block arguments differ in number")
+        last = self.body.block.last_op
+        if not isinstance(last, YieldOp) or len(last.values) != len(self.inits):
+            raise VerifyException("tile.for: the body must end in a tile.yield of every carried value")
+
+
+@irdl_op_definition
+class YieldOp(IRDLOperation):
+    """The carried values of the next iteration of the enclosing ``tile.for``."""
+
+    name = "tile.yield"
+    values = var_operand_def(TensorType)
+    traits = traits_def(IsTerminator())
+
+    def __init__(self, values: Sequence[SSAValue] = ()):
+        super().__init__(operands=[values])
+
+
+@irdl_op_definition
+class SyncAllOp(IRDLOperation):
+    """A barrier across every core of the launch (what one core wrote to global memory before it,
+    every core reads after it)."""
+
+    name = "tile.sync_all"
+
+    def __init__(self) -> None:
+        super().__init__()
+
+
+@irdl_op_definition
+class WorkspaceOp(IRDLOperation):
+    """A region of the call's workspace, ``offset`` bytes from its start (a tiling parameter
+    decided by plan-workspace), seen as a dense global tensor."""
+
+    name = "tile.workspace"
+    offset = prop_def(StringAttr)
+    result = result_def(GmType)
+    traits = traits_def(Pure())
+
+    def __init__(self, offset: str, t: GmType):
+        super().__init__(properties={"offset": StringAttr(offset)}, result_types=[t])
+
+
+# ------------------------------------------------------------------------------ data movement
+
+
+@irdl_op_definition
+class CopyInOp(IRDLOperation):
+    """Rows ``[row0, row0 + nrows)`` and columns ``[col0, col0 + ncols)`` of ``src`` into an
+    on-chip tile (``!opgen.tensor<[R, C], T>``: the tile's full size; rows and columns past the
+    valid ones hold unspecified values that no later op reads). A rank-1 view is one row."""
+
+    name = "tile.copy_in"
+    src = operand_def(GmType)
+    row0 = operand_def(TensorType)
+    nrows = operand_def(TensorType)
+    col0 = operand_def(TensorType)
+    ncols = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    def __init__(self, src: SSAValue, row0: SSAValue, nrows: SSAValue, col0: SSAValue, ncols: SSAValue,
+                 shape: Sequence[str]):
+        super().__init__(operands=[src, row0, nrows, col0, ncols],
+                         result_types=[TensorType.make(shape, gm_type(src).dtype)])
+
+    def verify_(self) -> None:
+        _index(self, self.row0, self.nrows, self.col0, self.ncols)
+        if tensor_type(self.result).dtype != gm_type(self.src).dtype:
+            raise VerifyException("tile.copy_in: the tile has the view's dtype")
+        if tensor_type(self.result).rank != 2:
+            raise VerifyException("tile.copy_in: tiles are 2-D")
+
+
+@irdl_op_definition
+class CopyOutOp(IRDLOperation):
+    """The valid part of a tile into rows/columns of ``dst`` (the inverse of ``tile.copy_in``)."""
+
+    name = "tile.copy_out"
+    value = operand_def(TensorType)
+    dst = operand_def(GmType)
+    row0 = operand_def(TensorType)
+    nrows = operand_def(TensorType)
+    col0 = operand_def(TensorType)
+    ncols = operand_def(TensorType)
+
+    def __init__(self, value: SSAValue, dst: SSAValue, row0: SSAValue, nrows: SSAValue, col0: SSAValue,
+                 ncols: SSAValue):
+        super().__init__(operands=[value, dst, row0, nrows, col0, ncols])
+
+    def verify_(self) -> None:
+        _index(self, self.row0, self.nrows, self.col0, self.ncols)
+        if tensor_type(self.value).dtype != gm_type(self.dst).dtype:
+            raise VerifyException("tile.copy_out: cast to the view's dtype first")
+
+
+# ------------------------------------------------------------------------------ compute
+
+
+REDUCE_KINDS = ("sum", "max", "min")
+
+
+@irdl_op_definition
+class ReduceOp(IRDLOperation):
+    """A reduction of a 2-D tile along ``axis`` over its first ``count`` valid elements (rows for
+    axis 0, columns for axis 1) in a fixed order; the reduced dim becomes 1."""
+
+    name = "tile.reduce"
+    x = operand_def(TensorType)
+    count = operand_def(TensorType)
+    kind = prop_def(StringAttr)
+    axis = prop_def(IntAttr)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, kind: str, x: SSAValue, axis: int, count: SSAValue):
+        t = tensor_type(x)
+        shape = list(t.shape)
+        shape[axis] = "1"
+        super().__init__(operands=[x, count], properties={"kind": StringAttr(kind), "axis": IntAttr(axis)},
+                         result_types=[TensorType.make(shape, t.dtype)])
+
+    def verify_(self) -> None:
+        _index(self, self.count)
+        if self.kind.data not in REDUCE_KINDS:
+            raise VerifyException(f"tile.reduce: kind must be one of {REDUCE_KINDS}")
+        if tensor_type(self.x).rank != 2 or self.axis.data not in (0, 1):
+            raise VerifyException("tile.reduce: a 2-D tile along axis 0 or 1")
+
+
+# ------------------------------------------------------------------------------ buffers (plan-buffers)
+
+
+@irdl_op_definition
+class BufferOp(IRDLOperation):
+    """An on-chip buffer the kernel sets up once: ``kind`` in (a copy-in queue), out (a copy-out
+    queue) or calc (a compute buffer), ``depth`` tiles of ``bytes`` each (a host expression over
+    tiling parameters). Values carry a ``buffer`` attribute naming the buffer they live in."""
+
+    name = "tile.buffer"
+    sym = prop_def(StringAttr)
+    space = prop_def(MemSpaceAttr)
+    kind = prop_def(BufferKindAttr)
+    depth = prop_def(IntAttr)
+    bytes = prop_def(StringAttr)
+
+    def __init__(self, sym: str, space: MemSpace, kind: BufferKind, depth: int, nbytes: str):
+        super().__init__(properties={"sym": StringAttr(sym), "space": MemSpaceAttr(space),
+                                     "kind": BufferKindAttr(kind), "depth": IntAttr(depth),
+                                     "bytes": StringAttr(nbytes)})
+
+    def verify_(self) -> None:
+        if self.depth.data not in (1, 2):
+            raise VerifyException("tile.buffer: depth 1 (single) or 2 (double buffering)")
+
+
+@irdl_op_definition
+class MoveOp(IRDLOperation):
+    """A copy of a tile into another on-chip buffer (e.g. into a copy-out queue)."""
+
+    name = "tile.move"
+    x = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    def __init__(self, x: SSAValue):
+        super().__init__(operands=[x], result_types=[x.type])
+
+
+@irdl_op_definition
+class ReleaseOp(IRDLOperation):
+    """The last use of a tile held in a queue: its slot goes back to the queue."""
+
+    name = "tile.release"
+    value = operand_def(TensorType)
+
+    def __init__(self, value: SSAValue):
+        super().__init__(operands=[value])
+
+
+Tile = Dialect("tile", [KernelOp, TilingOp, PlatformOp, SetParamOp, ParamOp, BlockIdxOp, BlockNumOp, ForOp, YieldOp,
+                        SyncAllOp, WorkspaceOp, CopyInOp, CopyOutOp, ReduceOp, BufferOp, MoveOp, ReleaseOp],
+                   [MemSpaceAttr, BufferKindAttr, GmType])

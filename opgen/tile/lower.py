@@ -1,0 +1,444 @@
+"""``lower-to-tiles``: an L0 function -> a ``tile.kernel`` walking row tiles (the tile level).
+
+The plan is the loop level's row-group plan (opgen.lower.row_groups): every output is a row-wise
+function of its row-group dim ``X`` (rows), with row-local reductions along the trailing dim and
+column reductions over all rows. Each core takes row tiles ``t = core, core + cores, ...`` of ``R``
+rows (``R``, the number of tiles ``tiles`` and the rest are ``tile.param``s the host tiling
+computes: see size-tiles): copies the tiles of its inputs in, computes whole tiles with the L0 ops
+(in the compute dtype: f16/bf16 data is cast to f32 right after the copy and back right before
+the copy out), and copies outputs out. Values that do not depend on the rows — column vectors
+such as a weight ``w[D]`` — are copied in once per core, before the walk.
+
+A column reduction (``sum(v, axis=0)`` over the rows) is deterministic whatever the number of
+cores: the cores walk *groups* of consecutive row tiles (how many is a tiling parameter that does
+not depend on the number of cores); each group's partial sum (its rows in order) goes to its own
+row of a workspace array, and after a ``tile.sync_all`` the cores add the partials in group order,
+each core owning a range of columns. The partials' precision is the compute dtype.
+
+What the tile level cannot express yet raises :class:`TileUnsupported` naming the primitive; the
+build then leaves the op out of that target (it is not an error of the op).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import DictionaryAttr, ModuleOp, StringAttr
+from xdsl.ir import Block, BlockArgument, Operation, SSAValue
+from xdsl.passes import ModulePass
+
+from opgen import dtypes
+from opgen.ir import dialect as ir
+from opgen.lower.row_groups import RowGroupLowering
+from opgen.lower.to_loops import NotFusable
+from opgen.tile import dialect as t
+
+#: L0 ops the tile level has no form for yet (name -> what the message calls it)
+UNSUPPORTED = {ir.GatherOp: "gather", ir.ScatterAddOp: "scatter_add", ir.BincountOp: "bincount",
+               ir.MatmulOp: "matmul", ir.UnpackBitsOp: "unpack_bits", ir.TransposeOp: "transpose",
+               ir.IotaOp: "iota", ir.PowOp: "pow", ir.TanhOp: "tanh"}
+
+#: tile dims: rows of a tile, and the workspace's bytes
+ROWS = "R"
+
+
+class TileUnsupported(NotImplementedError):
+    """The op uses something the tile level (and so the NPU targets) cannot express yet."""
+
+    def __init__(self, op: str, what: str):
+        super().__init__(f"not supported on the tile level (ascendc, tt-metal): {what}")
+        self.op = op
+        self.what = what
+
+
+#: dtypes the NPU targets compute; a binding using another one (f64, 64-bit integers) has no kernel
+NPU_DTYPES = ("f16", "bf16", "f32", "i32", "i16", "i8", "u8", "bool")
+
+
+def compute_dtype(d: dtypes.DType) -> str:
+    """The dtype tiles of ``d`` are computed in: f32 for every float (the NPU targets compute
+    f16/bf16 in f32), the dtype itself otherwise."""
+    return "f32" if d.is_float else d.name
+
+
+def npu_bindings(func: ir.FuncOp) -> list[dict[str, dtypes.DType]]:
+    """The dtype bindings of ``func`` an NPU target instantiates (every member computable)."""
+    dvars = func.dtype_var_map()
+    out = []
+    for combo in itertools.product(*dvars.values()):
+        if all(d.name in NPU_DTYPES for d in combo):
+            out.append(dict(zip(dvars, combo, strict=True)))
+    return out
+
+
+@dataclass
+class _Kind:
+    """How an L0 value appears on the tile level: per row tile ([R, c] or [R, 1]), per column
+    ([1, c]), or a scalar ([])."""
+
+    kind: str  # "rows" | "cols" | "scalar"
+    cols: str = "1"  # the column dim name, or "1"
+
+
+@dataclass
+class _Group:
+    x: str  # the rows' dim
+    outputs: list[tuple[str, SSAValue]] = field(default_factory=list)
+    colreds: list[tuple[str, ir.ReduceOp]] = field(default_factory=list)
+
+
+class TileLowering:
+    """Lowers one ``opgen.func`` (see the module docstring)."""
+
+    def __init__(self, func: ir.FuncOp, binding: dict[str, dtypes.DType]):
+        self.func = func
+        self.name = func.sym_name.data
+        self.binding = binding
+        self.names = [a.data for a in func.arg_names.data]
+        self.ret = func.body.block.last_op
+        assert isinstance(self.ret, ir.ReturnOp)
+        self.in_memory = set(func.in_memory_scalars)
+
+    # ------------------------------------------------------------------ analysis
+    def check_supported(self) -> None:
+        for op in self.func.body.block.walk():
+            what = UNSUPPORTED.get(type(op))
+            if what:
+                raise TileUnsupported(self.name, what)
+            if isinstance(op, ir.CheckOp) and ir.tensor_type(op.cond).rank:
+                raise TileUnsupported(self.name, "checks on tensor data")
+            if isinstance(op, ir.ReduceOp):
+                src = ir.tensor_type(op.x)
+                if src.rank != 2 and not (src.rank == 1 and op.axis_list == (0,)):
+                    raise TileUnsupported(self.name, f"a reduction of a rank-{src.rank} tensor")
+        for n, a in zip(self.names, self.func.body.block.args, strict=True):
+            tt = ir.tensor_type(a)
+            if tt.rank > 2:
+                raise TileUnsupported(self.name, f"a rank-{tt.rank} tensor ({n})")
+            if n in self.in_memory:
+                raise TileUnsupported(self.name, f"a rank-0 tensor parameter ({n})")
+
+    def plan(self) -> _Group:
+        """The single row group every output belongs to (the loop level's plan)."""
+        try:
+            groups = RowGroupLowering(self.func, set(self.func.aliased_outputs)).plan()
+        except NotFusable as e:
+            raise TileUnsupported(self.name, f"outputs that are not row-wise ({e})") from None
+        if len(groups) != 1:
+            raise TileUnsupported(self.name, "outputs over several row dims")
+        g = groups[0]
+        for m in g.rowlocal:
+            if not isinstance(m.owner, ir.ReduceOp):
+                raise TileUnsupported(self.name, "a row-local scatter_add")
+        return _Group(g.dim, list(g.outputs), list(g.colreds))
+
+    def kind_of(self, v: SSAValue, x: str) -> _Kind:
+        shape = ir.tensor_type(v).shape
+        if not shape or all(d == "1" for d in shape):
+            return _Kind("scalar")
+        if shape[0] == x:
+            if len(shape) == 1:
+                return _Kind("rows")
+            return _Kind("rows", shape[1])
+        if len(shape) == 1:
+            return _Kind("cols", shape[0])
+        if shape[0] == "1" and len(shape) == 2:
+            return _Kind("cols", shape[1])
+        raise TileUnsupported(self.name, f"a value of shape {shape} outside the row dim {x}")
+
+    # ------------------------------------------------------------------ build
+    def run(self) -> t.KernelOp:
+        self.check_supported()
+        g = self.plan()
+        x = g.x
+        arg_types = []
+        for a in self.func.body.block.args:
+            tt = ir.tensor_type(a)
+            arg_types.append(tt if tt.rank == 0 else t.GmType.make(tt.shape, self.dt(tt.dtype)))
+        sym = ".".join([self.name, *(d.name for d in self.binding.values())])  # one symbol per instance
+        k = t.KernelOp(sym, [*self.names, "workspace"], [*arg_types, t.GmType.make(["W"], "u8")],
+                       DictionaryAttr({v: StringAttr(d.name) for v, d in self.binding.items()}))
+        self.block = k.body.block
+        self.args = dict(zip(self.names, k.body.block.args, strict=False))
+        self.env: dict[SSAValue, SSAValue] = {}  # L0 value -> tile-level value
+        self.scalars: dict[SSAValue, SSAValue] = {}
+        for a, ka in zip(self.func.body.block.args, k.body.block.args, strict=False):
+            if ir.tensor_type(a).rank == 0:
+                self.scalars[a] = ka
+        self.anchor: Operation | None = None
+        self.partials: list[SSAValue] = []
+        self.tiling = t.TilingOp()
+        self.block.add_op(self.tiling)
+        self.x = x
+        self.group = g
+        self.cols = self._column_dim(g)
+        self.emit_checks()
+        self.emit_walk()
+        if g.colreds:
+            self.emit_combine()
+        return k
+
+    def _column_dim(self, g: _Group) -> str:
+        cols = {self.kind_of(v, g.x).cols for _, v in g.outputs} | \
+            {self.kind_of(r.x, g.x).cols for _, r in g.colreds}
+        cols.discard("1")
+        for op in self.func.body.block.ops:
+            for r in op.results:
+                k = self.kind_of(r, g.x)
+                if k.cols != "1":
+                    cols.add(k.cols)
+        if len(cols) > 1:
+            raise TileUnsupported(self.name, f"rows of different lengths {sorted(cols)}")
+        return cols.pop() if cols else "1"
+
+    def add(self, op: Operation, block: Block | None = None) -> SSAValue:
+        """Append ``op`` to ``block`` (default: the current one); at the kernel's top level,
+        values made while the walk is being built go before the walk."""
+        block = block or self.cur
+        if block is self.block and self.anchor is not None:
+            block.insert_op_before(op, self.anchor)
+        else:
+            block.add_op(op)
+        return op.results[0] if op.results else None  # type: ignore[return-value]
+
+    def const(self, v: int, block: Block | None = None) -> SSAValue:
+        return self.add(ir.ConstantOp(v, "i64"), block)
+
+    def dim(self, d: str, block: Block | None = None) -> SSAValue:
+        return self.const(int(d), block) if d.isdigit() else self.add(ir.DimOp(d), block)
+
+    def emit_checks(self) -> None:
+        """The op's checks on attributes and sizes: the host runs them before the launch."""
+        self.cur = self.block
+        for op in self.func.body.block.ops:
+            if isinstance(op, ir.CheckOp):
+                c = self.scalar(op.cond)
+                self.add(ir.CheckOp(c, op.message.data, op.status.data))
+
+    # ------------------------------------------------------------------ scalars
+    def scalar(self, v: SSAValue) -> SSAValue:
+        """Scalar code for a rank-0 (or all-ones) L0 value, placed at the kernel's top level."""
+        if v in self.scalars:
+            return self.scalars[v]
+        op = v.owner
+        assert isinstance(op, Operation)
+        saved, self.cur = self.cur, self.block
+        try:
+            if isinstance(op, ir.ConstantOp):
+                res = self.add(ir.ConstantOp(op.number, self.cdt(v)))
+            elif isinstance(op, ir.DimOp):
+                res = self.add(ir.DimOp(op.dim.data))
+            elif isinstance(op, ir.BroadcastOp | ir.FullOp):
+                res = self.scalar(op.operands[0])
+            elif isinstance(op, ir.CastOp):
+                res = self._cast(self.scalar(op.x), self.cdt(v))
+            elif isinstance(op, ir.ReduceOp):
+                raise TileUnsupported(self.name, "a reduction to a scalar")
+            else:
+                res = self.add(self._rebuild(op, [self.scalar(o) for o in op.operands]))
+        finally:
+            self.cur = saved
+        self.scalars[v] = res
+        return res
+
+    def dt(self, name: str) -> str:
+        """A dtype name with this binding's dtype variables resolved."""
+        return self.binding[name].name if name in self.binding else name
+
+    def cdt(self, v: SSAValue) -> str:
+        return compute_dtype(dtypes.by_name(self.dt(ir.tensor_type(v).dtype)))
+
+    def _cast(self, v: SSAValue, dt: str) -> SSAValue:
+        return v if ir.tensor_type(v).dtype == dt else self.add(ir.CastOp(v, dt))
+
+    @staticmethod
+    def _rebuild(op: Operation, operands: list[SSAValue]) -> Operation:
+        """``op`` over new operands (its result type follows from them)."""
+        if isinstance(op, ir.CmpOp):
+            return ir.CmpOp(op.predicate.data, *operands)
+        if isinstance(op, ir.SelectOp):
+            return ir.SelectOp(*operands)
+        if isinstance(op, ir.BinaryOp | ir.UnaryOp):
+            return type(op)(*operands)
+        raise TileUnsupported("", op.name)
+
+    # ------------------------------------------------------------------ the walk
+    def emit_walk(self) -> None:
+        """The walk over row tiles: groups of ``group`` consecutive tiles, block-cyclic over the
+        cores; a column reduction sums each group's tiles (in order) into one partial row."""
+        self.cur = self.block
+        rows = self.add(t.ParamOp("rows"))
+        tiles = self.add(t.ParamOp("tiles"))
+        group = self.add(t.ParamOp("group"))
+        groups = self.add(t.ParamOp("groups"))
+        core = self.add(t.BlockIdxOp())
+        ncores = self.add(t.BlockNumOp())
+        self.rows, self.ntiles, self.ngroups = rows, tiles, groups
+        self.ncols = self.dim(self.cols)
+        self.zero = self.const(0)
+        self.one = self.const(1)
+        self.col_env: dict[SSAValue, SSAValue] = {}
+        outer = t.ForOp(core, groups, ncores, hint="g")
+        self.add(outer)
+        self.anchor = outer
+        self.cur = outer.body.block
+        t0 = self.add(ir.MulOp(outer.iv, group))
+        t1 = self.add(ir.MinOp(self.add(ir.AddOp(t0, group)), tiles))
+        inits = []
+        for _, r in self.group.colreds:
+            dt = self.cdt(r.x)
+            zero = self.add(ir.ConstantOp(0, dt), self.block)
+            inits.append(self.add(ir.BroadcastOp(zero, [], ir.TensorType.make(["1", self.cols], dt))))
+        loop = t.ForOp(t0, t1, self.one, inits, hint="t")
+        self.add(loop)
+        self.cur = loop.body.block
+        self.row0 = self.add(ir.MulOp(loop.iv, rows))
+        left = self.add(ir.SubOp(self.dim(self.x), self.row0))
+        self.nrows = self.add(ir.MinOp(left, rows))
+        # column-reduction partials first: every output's tile is then copied out last
+        accs = []
+        for (_, r), acc in zip(self.group.colreds, loop.body.block.args[1:], strict=True):
+            part = self.add(t.ReduceOp("sum", self.tile(r.x), 0, self.nrows))
+            accs.append(self.add(ir.AddOp(acc, part)))  # tile order within the group
+        outs = [(name, self._cast_tile(self.tile(v), self.dt(ir.tensor_type(v).dtype)), v)
+                for name, v in sorted(self.group.outputs, key=lambda nv: nv[0] in self.func.aliased_outputs)]
+        for name, val, v in outs:
+            if isinstance(val.owner, t.CopyInOp):
+                raise TileUnsupported(self.name, f"an output ({name}) that is an unmodified input")
+            self.add(t.CopyOutOp(val, self.args[name], self.row0, self.nrows, self.zero, self.ncols_of(v)))
+        self.add(t.YieldOp(accs))
+        self.cur = outer.body.block
+        for i, ((_, r), total) in enumerate(zip(self.group.colreds, loop.res, strict=True)):
+            ws = self.add(t.WorkspaceOp(f"partials{i}", t.GmType.make(["groups", self.cols], self.cdt(r.x))),
+                          self.block)
+            self.partials.append(ws)
+            self.add(t.CopyOutOp(total, ws, outer.iv, self.one, self.zero, self.ncols))
+        self.add(t.YieldOp())
+        self.anchor = None
+
+    def ncols_of(self, v: SSAValue) -> SSAValue:
+        return self.ncols if self.kind_of(v, self.x).cols != "1" else self.one
+
+    def tile_shape(self, v: SSAValue) -> list[str]:
+        k = self.kind_of(v, self.x)
+        return [ROWS, k.cols] if k.kind == "rows" else ["1", k.cols]
+
+    def _cast_tile(self, v: SSAValue, storage: str) -> SSAValue:
+        """``v`` in the storage dtype of an output (a dtype variable stays a variable)."""
+        return v if ir.tensor_type(v).dtype == storage else self.add(ir.CastOp(v, storage))
+
+    def tile(self, v: SSAValue) -> SSAValue:
+        """The tile-level value of L0 value ``v`` for the current row tile."""
+        k = self.kind_of(v, self.x)
+        if k.kind == "scalar":
+            return self.scalar(v)
+        if k.kind == "cols":
+            return self.column(v)
+        if v in self.env:
+            return self.env[v]
+        if isinstance(v, BlockArgument):
+            src = self.args[self.names[v.index]]
+            raw = self.add(t.CopyInOp(src, self.row0, self.nrows, self.zero, self.ncols_of(v), self.tile_shape(v)))
+            res = self._cast(raw, self.cdt(v))
+        else:
+            res = self._tile_op(v.owner, v)  # type: ignore[arg-type]
+        self.env[v] = res
+        return res
+
+    def column(self, v: SSAValue) -> SSAValue:
+        """A value along the columns only (e.g. a weight row): computed once, before the walk."""
+        if v in self.col_env:
+            return self.col_env[v]
+        saved, self.cur = self.cur, self.block
+        saved_env, self.env = self.env, self.col_env
+        try:
+            if isinstance(v, BlockArgument):
+                src = self.args[self.names[v.index]]
+                raw = self.add(t.CopyInOp(src, self.zero, self.one, self.zero, self.ncols, ["1", self.cols]),
+                               self.block)
+                res = self._cast(raw, self.cdt(v))
+            else:
+                res = self._tile_op(v.owner, v)  # type: ignore[arg-type]
+        finally:
+            self.cur, self.env = saved, saved_env
+        self.col_env[v] = res
+        return res
+
+    def _tile_op(self, op: Operation, v: SSAValue) -> SSAValue:
+        shape = self.tile_shape(v)
+        dt = self.cdt(v)
+        if isinstance(op, ir.BroadcastOp):
+            src = op.x
+            sk = self.kind_of(src, self.x)
+            x = self.tile(src)
+            if sk.kind == "scalar":
+                return self.add(ir.BroadcastOp(x, [], ir.TensorType.make(shape, dt)))
+            if sk.kind == "rows":  # [R, 1] -> [R, c]
+                return self.add(ir.BroadcastOp(x, [0, 1], ir.TensorType.make(shape, dt)))
+            return self.add(ir.BroadcastOp(x, [0, 1], ir.TensorType.make(shape, dt)))  # [1, c] -> [R, c]
+        if isinstance(op, ir.FullOp):
+            return self.add(ir.BroadcastOp(self.scalar(op.value), [], ir.TensorType.make(shape, dt)))
+        if isinstance(op, ir.CastOp):
+            return self._cast(self.tile(op.x), dt)
+        if isinstance(op, ir.ReduceOp):
+            src = ir.tensor_type(op.x)
+            if src.rank == 2 and op.axis_list == (1,):
+                return self.add(t.ReduceOp(op.kind.data, self.tile(op.x), 1, self.ncols))
+            raise TileUnsupported(self.name, "a reduction across row tiles used by the rows")
+        operands = []
+        for o in op.operands:
+            ok = self.kind_of(o, self.x)
+            val = self.tile(o)
+            if ok.kind != "rows" and self.kind_of(v, self.x).kind == "rows":
+                val = self.add(ir.BroadcastOp(val, [] if ok.kind == "scalar" else [0, 1],
+                                              ir.TensorType.make(shape, ir.tensor_type(val).dtype)))
+            operands.append(val)
+        return self.add(self._rebuild(op, operands))
+
+    # ------------------------------------------------------------------ column reductions
+    def emit_combine(self) -> None:
+        """After every core wrote its tiles' partials: each core adds, for a range of columns, the
+        partials of every tile in tile order and writes the column sums (rounded once)."""
+        self.cur = self.block
+        self.add(t.SyncAllOp())
+        chunk = self.add(t.ParamOp("col_chunk"))
+        nchunks = self.add(t.ParamOp("col_chunks"))
+        core = self.add(t.BlockIdxOp())
+        ncores = self.add(t.BlockNumOp())
+        loop = t.ForOp(core, nchunks, ncores, hint="c")
+        self.add(loop)
+        self.cur = loop.body.block
+        c0 = self.add(ir.MulOp(loop.iv, chunk))
+        nc = self.add(ir.MinOp(self.add(ir.SubOp(self.ncols, c0)), chunk))
+        for (name, r), ws in zip(self.group.colreds, self.partials, strict=True):
+            dt = self.cdt(r.x)
+            zero = self.add(ir.ConstantOp(0, dt))
+            init = self.add(ir.BroadcastOp(zero, [], ir.TensorType.make(["1", "CC"], dt)))
+            acc_loop = t.ForOp(self.zero, self.ngroups, self.one, [init], hint="p")  # group order
+            self.add(acc_loop)
+            inner = acc_loop.body.block
+            p = self.add(t.CopyInOp(ws, acc_loop.iv, self.one, c0, nc, ["1", "CC"]), inner)
+            s = self.add(ir.AddOp(inner.args[1], p), inner)  # tile order: the same sum on any core count
+            self.add(t.YieldOp([s]), inner)
+            out = self._cast_tile(acc_loop.res[0], self.dt(ir.tensor_type(r.result).dtype))
+            self.add(t.CopyOutOp(out, self.args[name], self.zero, self.one, c0, nc))
+        self.add(t.YieldOp())
+
+
+def lower_func(func: ir.FuncOp, binding: dict[str, dtypes.DType]) -> t.KernelOp:
+    return TileLowering(func, binding).run()
+
+
+class LowerToTiles(ModulePass):
+    """Replace every ``opgen.func`` with a ``tile.kernel`` (see the module docstring)."""
+
+    name = "lower-to-tiles"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for f in list(op.body.block.ops):
+            if isinstance(f, ir.FuncOp):
+                for b in npu_bindings(f):  # one kernel per dtype binding (per compute type)
+                    op.body.block.insert_op_before(lower_func(f, b), f)
+                op.body.block.erase_op(f)

@@ -1,0 +1,237 @@
+"""The tiling decisions of a ``tile.kernel``, written as host code into its ``tile.tiling`` region
+(printed as the host tiling function; the kernel reads the results with ``tile.param``).
+
+* ``size-tiles`` — the rows per tile under the on-chip capacity (and the tiles per group of a
+  column reduction's partial sum): every buffer plan-buffers made
+  costs its depth times its tile's bytes; tiles are ``rows`` rows of ``pitch`` elements (the row
+  length rounded up to 32 bytes, the copy engine's and the vector unit's alignment), per-row
+  values ``rows`` elements (rounded up to 32 bytes). Copy queues are two deep (double buffering)
+  when two fit, else one deep (``nbuf``). ``rows`` never depends on the number of cores, so the
+  column reductions' partial sums — and so the results — are the same on any number of cores.
+* ``split-cores`` — how many cores the launch uses (``block_dim``): the walks are block-cyclic over
+  whatever number the launch gets, so this only decides how busy the cores are.
+* ``plan-workspace`` — where the tiling data and every ``tile.workspace`` region sit in the call's
+  workspace, and its total size (``ws_bytes``), with overflow checks.
+"""
+
+from __future__ import annotations
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.passes import ModulePass
+
+from opgen import dtypes
+from opgen.ir import dialect as ir
+from opgen.tile import dialect as t
+
+#: bytes the tiling data may take at the start of the workspace
+TILING_BYTES = 512
+#: the alignment of on-chip tiles and copies (bytes)
+ALIGN = 32
+#: largest column chunk of the column-sum phase (elements)
+MAX_COL_CHUNK = 4096
+#: most rows one tile copy moves (DataCopyPad's blockCount is at most 4095)
+MAX_ROWS = 4095
+#: rows per partial sum of a column reduction (the partials' traffic is 2/GROUP_ROWS of a pass)
+GROUP_ROWS = 64
+
+
+class _Builder:
+    """Scalar host code appended to a ``tile.tiling`` region."""
+
+    def __init__(self, tiling: t.TilingOp):
+        self.block: Block = tiling.body.block
+        self.params: dict[str, SSAValue] = {}
+        self.consts: dict[int, SSAValue] = {}
+        for op in self.block.ops:
+            if isinstance(op, t.SetParamOp):
+                self.params[op.param.data] = op.value
+
+    def add(self, op: Operation) -> SSAValue:
+        self.block.add_op(op)
+        return op.results[0]
+
+    def c(self, v: int) -> SSAValue:
+        if v not in self.consts:
+            self.consts[v] = self.add(ir.ConstantOp(v, "i64"))
+        return self.consts[v]
+
+    def dim(self, d: str) -> SSAValue:
+        return self.c(int(d)) if d.isdigit() else self.add(ir.DimOp(d))
+
+    def platform(self, what: str) -> SSAValue:
+        return self.add(t.PlatformOp(what))
+
+    def bin(self, cls: type, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self.add(cls(a, b))
+
+    def cdiv(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        """ceil(a / b) for a >= 0, b > 0, without overflow."""
+        q = self.bin(ir.DivOp, a, b)
+        r = self.bin(ir.SubOp, a, self.bin(ir.MulOp, q, b))
+        return self.bin(ir.AddOp, q, self.add(ir.CastOp(self.add(ir.CmpOp("ne", r, self.c(0))), "i64")))
+
+    def round_up(self, a: SSAValue, m: int) -> SSAValue:
+        return self.bin(ir.MulOp, self.cdiv(a, self.c(m)), self.c(m))
+
+    def select(self, cond: SSAValue, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self.add(ir.SelectOp(cond, a, b))
+
+    def set(self, name: str, v: SSAValue) -> SSAValue:
+        self.block.add_op(t.SetParamOp(name, v))
+        self.params[name] = v
+        return v
+
+    def check(self, cond: SSAValue, message: str, status: str = "shape") -> None:
+        self.block.add_op(ir.CheckOp(cond, message, status))
+
+
+def _kernel_parts(k: t.KernelOp) -> tuple[t.TilingOp, list[t.BufferOp]]:
+    tiling = next(op for op in k.body.block.ops if isinstance(op, t.TilingOp))
+    bufs = [op for op in k.body.block.ops if isinstance(op, t.BufferOp)]
+    return tiling, bufs
+
+
+def _rows_dim(k: t.KernelOp) -> str | None:
+    """The dim the row tiles walk (the rows of the first copy-in with a tile of R rows)."""
+    for op in k.body.block.walk():
+        if isinstance(op, t.CopyInOp) and ir.tensor_type(op.result).shape[0] != "1":
+            return t.gm_type(op.src).shape[0]
+    for op in k.body.block.walk():
+        if isinstance(op, t.CopyOutOp) and ir.tensor_type(op.value).shape[0] != "1":
+            return t.gm_type(op.dst).shape[0]
+    return None
+
+
+def _cols_dim(bufs: list[t.BufferOp]) -> str:
+    for b in bufs:
+        c = b.attributes["cols"].data  # type: ignore[attr-defined]
+        if c not in ("1", "CC"):
+            return c
+    return "1"
+
+
+def _itemsize(b: t.BufferOp) -> int:
+    return dtypes.by_name(b.attributes["elem"].data).itemsize  # type: ignore[attr-defined]
+
+
+class SizeTiles(ModulePass):
+    """Rows per tile, row pitch, queue depth and every buffer's bytes (see the module docstring)."""
+
+    name = "size-tiles"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for k in op.body.block.ops:
+            if isinstance(k, t.KernelOp):
+                self.size(k)
+
+    @staticmethod
+    def size(k: t.KernelOp) -> None:
+        tiling, bufs = _kernel_parts(k)
+        b = _Builder(tiling)
+        ub = b.platform("ub_bytes")
+        cores = b.platform("cores")
+        rows_dim = _rows_dim(k)
+        n = b.dim(rows_dim) if rows_dim else b.c(1)
+        cols = b.dim(_cols_dim(bufs))
+        sizes = [_itemsize(x) for x in bufs if x.attributes["layout"].data in ("tile", "row")]  # type: ignore[attr-defined]
+        align = ALIGN // min(sizes, default=ALIGN)
+        pitch = b.set("pitch", b.select(b.add(ir.CmpOp("gt", cols, b.c(0))), b.round_up(cols, align), b.c(align)))
+        cc = b.round_up(b.cdiv(b.add(ir.MaxOp(cols, b.c(1))), cores), 8)
+        cc = b.set("col_chunk", b.add(ir.MinOp(cc, b.c(MAX_COL_CHUNK))))
+
+        def cost(depth_q: int) -> tuple[SSAValue, SSAValue]:
+            """(bytes per row of a tile, bytes independent of the rows) with queues depth_q deep."""
+            per_row, fixed = b.c(0), b.c(0)
+            for x in bufs:
+                nb = x.depth.data if x.kind.data == t.BufferKind.CALC else min(x.depth.data, depth_q)
+                lay, sz = x.attributes["layout"].data, _itemsize(x)  # type: ignore[attr-defined]
+                if lay == "tile":
+                    per_row = b.bin(ir.AddOp, per_row, b.bin(ir.MulOp, pitch, b.c(nb * sz)))
+                elif lay == "vec":
+                    per_row = b.bin(ir.AddOp, per_row, b.c(nb * sz))
+                    fixed = b.bin(ir.AddOp, fixed, b.c(nb * ALIGN))
+                elif lay == "row":
+                    width = cc if x.attributes["cols"].data == "CC" else pitch  # type: ignore[attr-defined]
+                    fixed = b.bin(ir.AddOp, fixed, b.bin(ir.MulOp, width, b.c(nb * sz)))
+                else:  # scratch: one 32-byte block
+                    fixed = b.bin(ir.AddOp, fixed, b.c(nb * ALIGN))
+            return per_row, fixed
+
+        def rows_for(depth_q: int) -> SSAValue:
+            per_row, fixed = cost(depth_q)
+            room = b.bin(ir.SubOp, ub, fixed)
+            fits = b.add(ir.AndOp(b.add(ir.CmpOp("gt", room, b.c(0))), b.add(ir.CmpOp("gt", per_row, b.c(0)))))
+            safe = b.add(ir.MaxOp(per_row, b.c(1)))
+            return b.select(fits, b.bin(ir.DivOp, room, safe), b.c(0))
+
+        double, single = rows_for(2), rows_for(1)
+        two = b.add(ir.CmpOp("ge", double, b.c(1)))
+        b.set("nbuf", b.select(two, b.c(2), b.c(1)))
+        rows = b.select(two, double, single)
+        b.check(b.add(ir.CmpOp("ge", rows, b.c(1))),
+                "a row does not fit the unified buffer (column tiles for such long rows are not implemented yet)")
+        rows = b.add(ir.MinOp(rows, b.c(MAX_ROWS)))  # DataCopyPad moves at most 4095 rows at once
+        rows = b.set("rows", b.add(ir.MinOp(rows, b.add(ir.MaxOp(n, b.c(1))))))
+        tiles = b.set("tiles", b.cdiv(n, rows))
+        # column reductions: a partial row per GROUP_ROWS rows or so (a group is whole tiles)
+        partials = any(isinstance(op, t.WorkspaceOp) for op in k.body.block.walk())
+        group = b.cdiv(b.c(GROUP_ROWS), rows) if partials else b.c(1)
+        group = b.set("group", group)
+        b.set("groups", b.cdiv(tiles, group))
+        for x in bufs:
+            lay, sz = x.attributes["layout"].data, _itemsize(x)  # type: ignore[attr-defined]
+            if lay == "tile":
+                nbytes = b.bin(ir.MulOp, b.bin(ir.MulOp, rows, pitch), b.c(sz))
+            elif lay == "vec":
+                nbytes = b.round_up(b.bin(ir.MulOp, rows, b.c(sz)), ALIGN)
+            elif lay == "row":
+                width = cc if x.attributes["cols"].data == "CC" else pitch  # type: ignore[attr-defined]
+                nbytes = b.bin(ir.MulOp, width, b.c(sz))
+            else:
+                nbytes = b.c(ALIGN)
+            b.set(x.bytes.data, nbytes)
+
+
+class SplitCores(ModulePass):
+    """The cores a launch uses: as many as there are row tiles or column chunks to share out."""
+
+    name = "split-cores"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for k in op.body.block.ops:
+            if isinstance(k, t.KernelOp):
+                tiling, bufs = _kernel_parts(k)
+                b = _Builder(tiling)
+                cores = b.platform("cores")
+                cols = b.dim(_cols_dim(bufs))
+                chunks = b.set("col_chunks", b.cdiv(cols, b.params["col_chunk"]))
+                work = b.add(ir.MaxOp(b.params["groups"], chunks))
+                b.set("block_dim", b.add(ir.MaxOp(b.add(ir.MinOp(cores, work)), b.c(1))))
+
+
+class PlanWorkspace(ModulePass):
+    """Offsets of the tiling data and of every workspace region, and the workspace's size."""
+
+    name = "plan-workspace"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for k in op.body.block.ops:
+            if isinstance(k, t.KernelOp):
+                tiling, _ = _kernel_parts(k)
+                b = _Builder(tiling)
+                off = b.c(TILING_BYTES)  # the tiling data first
+                for w in k.body.block.walk():
+                    if not isinstance(w, t.WorkspaceOp):
+                        continue
+                    gm = t.gm_type(w.result)
+                    count = b.c(dtypes.by_name(gm.dtype).itemsize)
+                    for d in gm.shape:
+                        v = b.params[d] if d in b.params else b.dim(d)
+                        limit = b.bin(ir.DivOp, b.c(2**62), b.add(ir.MaxOp(v, b.c(1))))
+                        b.check(b.add(ir.CmpOp("le", count, limit)), "the workspace would not fit in 64 bits")
+                        count = b.bin(ir.MulOp, count, v)
+                    b.set(w.offset.data, off)
+                    off = b.bin(ir.AddOp, off, b.round_up(count, 64))
+                b.set("ws_bytes", off)
