@@ -48,12 +48,12 @@ def generate_cuda(o: OpDef) -> dict[str, str]:
 
 
 def generate_ascendc(o: OpDef) -> dict[str, str]:
-    """``ascendc/<op>.cpp``: Ascend C kernels, tiling and host launchers of every variant x dtype
-    binding the NPU computes, plus ``opgen_ascendc_<op>`` (raises TileUnsupported for an op the
-    tile level cannot express yet)."""
+    """``ascendc/<op>_{tiling.h,kernel.cpp,host.cpp}``: Ascend C kernels, tiling and host launchers of
+    every variant x dtype binding the NPU computes, plus ``opgen_ascendc_<op>`` (raises
+    TileUnsupported for an op the tile level cannot express yet)."""
     from opgen.emit import ascendc
 
-    return {f"ascendc/{o.name}.cpp": ascendc.op_source(o)}
+    return ascendc.op_sources(o)
 
 
 def generate_common(ops: list[OpDef], cuda_ops: list[OpDef] | None = None,
@@ -75,6 +75,7 @@ def generate_common(ops: list[OpDef], cuda_ops: list[OpDef] | None = None,
         "cuda/opgen_cuda_rt.cu": render.render("cuda/opgen_cuda_rt.cu.j2"),
         "include/opgen_ascendc.h": render.render("include/opgen_ascendc.h.j2", ops=asc_infos),
         "ascendc/opgen_ascendc_rt.h": render.render("ascendc/opgen_ascendc_rt.h.j2"),
+        "ascendc/opgen_ascendc_kernel.h": render.render("ascendc/opgen_ascendc_kernel.h.j2"),
         "ascendc/opgen_ascendc_rt.cpp": render.render("ascendc/opgen_ascendc_rt.cpp.j2"),
         **facades.generate(ops),
     }
@@ -190,7 +191,8 @@ def generate_all(verbose: bool = True, failures: list[Failure] | None = None,
     asc_ops = [o for o in cpu_ops if "ascendc" not in failed.get(o.name, set())]
     for o in ops.values():  # a CPU failure drops the op everywhere: remove what it did produce
         if o not in cpu_ops:
-            for p in [f"ir/{o.name}.mlir", f"cpu/{o.name}.c", f"cuda/{o.name}.cu", f"ascendc/{o.name}.cpp"]:
+            for p in [f"ir/{o.name}.mlir", f"cpu/{o.name}.c", f"cuda/{o.name}.cu", f"ascendc/{o.name}_tiling.h",
+                      f"ascendc/{o.name}_kernel.cpp", f"ascendc/{o.name}_host.cpp"]:
                 files.pop(p, None)
     files.update(generate_common(cpu_ops, cuda_ops, asc_ops))
     sys.stdout.flush()

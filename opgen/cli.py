@@ -57,7 +57,31 @@ def cmd_list(args: argparse.Namespace) -> int:
             print("    (" + ", ".join(p.name for p in o.signature.params) + ")")
         print(f"    dtypes: {dvars or '-'}")
         print(f"    ABIs:   opgen_{name} (plain C), {abis}")
+        print(f"    targets: {_targets_line(o)}")
     return 0
+
+
+def _targets_line(o: OpDef) -> str:
+    """Per target: the dtype bindings it has kernels for (cpu and cuda: every one)."""
+    from opgen.emit import ascendc
+    from opgen.tile.lower import npu_bindings
+
+    parts = ["cpu: all", "cuda: all"]
+    why = ascendc.unsupported_reason(o)
+    if why:
+        parts.append(f"ascendc: not supported ({why})")
+    else:
+        func = next(iter(o.variants.values()))
+        bs = npu_bindings(func)
+        total = 1
+        for v in o.signature.dtype_vars().values():
+            total *= len(v.members)
+        if len(bs) == total:
+            parts.append("ascendc: all")
+        else:
+            shown = "; ".join(",".join(f"{k}={d.name}" for k, d in b.items()) for b in bs) or "none"
+            parts.append(f"ascendc: {shown} (no f64 or 64-bit integer kernels)")
+    return " | ".join(parts)
 
 
 def cmd_show(args: argparse.Namespace) -> int:

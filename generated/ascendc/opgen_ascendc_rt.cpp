@@ -3,7 +3,6 @@
  * The binder (descriptor checks, dims, strides, variant and kernel choice, workspace size) is the
  * CPU runtime's, rendered from the same template; only the tail differs: device workspace (the
  * tiling data first), dense tensors required, kernels launched on the caller's stream. */
-#include "kernel_operator.h"
 #include "opgen_ascendc_rt.h"
 #include "tiling/platform/platform_ascendc.h"
 
@@ -40,9 +39,10 @@ opgen_status_t opgen_ascendc_launched(const char *what) {
 
 /* A tensor the kernels can walk as dense row-major rows (size-1 axes' strides do not matter). */
 static int opgen_dense(const opgen_tensor_t *t, const int64_t *st) {
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] == 0) return 1; /* no element: nothing to walk */
     int64_t want = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
-        if (t->shape[i] == 0) return 1;
         if (t->shape[i] > 1 && st[i] != want) return 0;
         want *= t->shape[i];
     }

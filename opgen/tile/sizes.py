@@ -174,7 +174,8 @@ class SizeTiles(ModulePass):
                 "a row does not fit the unified buffer (column tiles for such long rows are not implemented yet)")
         rows = b.add(ir.MinOp(rows, b.c(MAX_ROWS)))  # DataCopyPad moves at most 4095 rows at once
         rows = b.set("rows", b.add(ir.MinOp(rows, b.add(ir.MaxOp(n, b.c(1))))))
-        tiles = b.set("tiles", b.cdiv(n, rows))
+        # rows of no element (a zero-length row dim) need no walk at all
+        tiles = b.set("tiles", b.select(b.add(ir.CmpOp("gt", cols, b.c(0))), b.cdiv(n, rows), b.c(0)))
         # column reductions: a partial row per GROUP_ROWS rows or so (a group is whole tiles)
         partials = any(isinstance(op, t.WorkspaceOp) for op in k.body.block.walk())
         group = b.cdiv(b.c(GROUP_ROWS), rows) if partials else b.c(1)

@@ -1,0 +1,94 @@
+"""Run the generated Ascend C kernels on the CPU model (tests/ascendc_model) against the oracle.
+
+Used as a subprocess by tests/test_ascendc.py, since the model aborts the process on a broken
+hardware rule:
+
+    python -m tests.ascendc_worker LIB CASES.pkl OUT.npz
+
+``CASES.pkl`` holds a list of (case name, op name, arguments); every case runs through
+``opgen_ascendc_<op>`` (the plain ABI's Ascend twin) and the oracle; the worker prints one line
+per failure and writes the Ascend outputs and every call's status (``status.<case>``) to
+``OUT.npz`` (so that runs with different core counts can be compared bit for bit, and refusals of
+cases named ``bad-*`` with the CPU library's). The core count comes from ``$OPGEN_ASCEND_AIV_CORES``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from opgen import oracle, registry, runtime  # noqa: E402
+from opgen.binding import OpError  # noqa: E402
+from tests.cpu_cases import assert_c_close  # noqa: E402
+
+
+class AscendAbi:
+    """Presents ``opgen_ascendc_<op>(..., stream)`` as the plain ABI's ``opgen_<op>(...)`` for
+    ``opgen.runtime.call`` (in the model, device memory is host memory; the stream is NULL)."""
+
+    def __init__(self, path: str | Path):
+        # the acl runtime calls (aclrtMemcpy, aclrtMalloc) resolve to the CPU library's host-memory ones
+        ctypes.CDLL(str(runtime.library_path()), mode=ctypes.RTLD_GLOBAL)
+        self.lib = ctypes.CDLL(str(path))
+        self.lib.opgen_ascendc_last_error.restype = ctypes.c_char_p
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "opgen_last_error":
+            return self.lib.opgen_ascendc_last_error
+        fn = getattr(self.lib, "opgen_ascendc_" + name.removeprefix("opgen_"))
+        return lambda *a: fn(*a, None)
+
+
+def run(lib: AscendAbi, cases: list[tuple[str, str, dict[str, Any]]]) -> tuple[list[str], dict[str, np.ndarray]]:
+    failures: list[str] = []
+    outs: dict[str, np.ndarray] = {}
+    for case, op, args in cases:
+        o = registry.get(op)
+        try:
+            ref: dict[str, np.ndarray] | OpError = oracle.run(o, **{k: np.copy(v) if isinstance(v, np.ndarray) else v
+                                                                    for k, v in args.items()})
+        except OpError as e:
+            ref = e
+        try:
+            got = runtime.call(op, lib=lib, **args)
+        except OpError as e:
+            outs[f"status.{case}"] = np.array(e.status)
+            if case.startswith("bad-"):  # refusals: the caller compares them with the CPU library's
+                continue
+            if not isinstance(ref, OpError) or ref.status != e.status:
+                failures.append(f"{case}: ascendc status {e.status} ({e.message}); oracle: {ref}")
+            continue
+        outs[f"status.{case}"] = np.array("ok")
+        if isinstance(ref, OpError):
+            failures.append(f"{case}: ascendc succeeded; oracle: {ref}")
+            continue
+        for k, v in ref.items():
+            try:
+                assert_c_close(got[k], v, f"{case}.{k}")
+            except AssertionError as e:
+                failures.append(str(e))
+            outs[f"{case}.{k}"] = got[k]
+    return failures, outs
+
+
+def main() -> None:
+    lib_path, cases_path, out_path = sys.argv[1:4]
+    cases = pickle.loads(Path(cases_path).read_bytes())
+    failures, outs = run(AscendAbi(lib_path), cases)
+    np.savez(out_path, **outs)
+    for f in failures:
+        print("FAIL", f)
+    print(f"{len(cases)} case(s), {len(failures)} failure(s)")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
