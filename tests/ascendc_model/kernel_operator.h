@@ -19,9 +19,14 @@
 #include "ascendc_model_core.h"
 
 /* ---- qualifiers: meaningful to bisheng only ---- */
+#ifdef OPGEN_ASCENDC_MODEL_SCAN /* build.py preprocesses with this to find the kernels */
+#define __global__ __opgen_global__
+#define __gm__ __opgen_gm__
+#else
 #define __global__
-#define __aicore__
 #define __gm__
+#endif
+#define __aicore__
 #define __ubuf__
 #define __vector__
 #define __mix__(...)
