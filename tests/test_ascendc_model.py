@@ -836,16 +836,19 @@ def test_queue_depth_1_rejects_two_tiles_in_flight(lib: Path) -> None:
     assert msg.startswith("ascend-model: rule 6 (queue protocol): EnQue on TQue<VECIN, 1>"), msg
 
 
-def test_unsupported_cast_pair_fails_to_compile(tmp_path: Path) -> None:
+def test_what_bisheng_rejects_fails_to_compile(tmp_path: Path) -> None:
+    """Unsupported types are static_asserts; narrowing in list-initialisation is an error (as with clang)."""
     src = tmp_path / "bad.cpp"
     src.write_text('#include "kernel_operator.h"\nusing namespace AscendC;\n'
                    "void f(LocalTensor<float> d, LocalTensor<uint8_t> s) { Cast(d, s, RoundMode::CAST_NONE, 32); }\n"
-                   "void g(LocalTensor<int8_t> d) { Add(d, d, d, 32); }\n")
-    r = subprocess.run([model_build.cxx(), "-std=c++17", "-fsyntax-only", f"-I{model_build.HERE}", str(src)],
+                   "void g(LocalTensor<int8_t> d) { Add(d, d, d, 32); }\n"
+                   "void h(uint32_t n) { DataCopyExtParams p{1, n * sizeof(float), 0, 0, 0}; (void)p; }\n")
+    r = subprocess.run([model_build.cxx(), *model_build.FLAGS, "-fsyntax-only", f"-I{model_build.HERE}", str(src)],
                        capture_output=True, text=True)
     assert r.returncode != 0
     assert "ascend-model: rule 7 (vector op): this Cast<dst, src> pair is not supported on A2" in r.stderr
     assert "ascend-model: rule 7 (vector op): Add supports int16_t, half, int32_t, float on A2" in r.stderr
+    assert "error: narrowing conversion" in r.stderr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1291,6 +1294,10 @@ def test_build_finds_kernels_and_generates_launch_headers(lib: Path) -> None:
                                   '    uint32_t n) {\n}\nextern "C" __global__ __aicore__ void k3() { }\n')
     assert [(k.name, [(p.type, p.name, p.is_gm) for p in k.params]) for k in ks] == [
         ("k2", [("GM_ADDR", "a", True), ("__gm__ float *", "b", True), ("uint32_t", "n", False)]), ("k3", [])]
+    # CANN renames its leading parameters when the kernel has parameters of those names
+    clash = model_build.find_kernels('extern "C" __global__ __aicore__ void k4(GM_ADDR stream, uint32_t numBlocks) {}')
+    assert "uint32_t aclrtlaunch_k4(uint32_t _numBlocks, aclrtStream _stream, void * stream, uint32_t numBlocks);" \
+        in model_build._launch_header(clash[0])
     header = (OUT / "gen" / "include" / "aclrtlaunch_pipeline_d1.h").read_text()
     assert ("uint32_t aclrtlaunch_pipeline_d1(uint32_t numBlocks, aclrtStream stream, void * x, void * y, "
             "uint32_t total, uint32_t tile);") in header

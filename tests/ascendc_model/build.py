@@ -37,8 +37,10 @@ from opgen.compile import CompileError, compile_cached
 
 HERE = Path(__file__).resolve().parent
 RUNTIME = HERE / "ascendc_model_runtime.cpp"
+# -Werror=narrowing: bisheng (clang) rejects narrowing in list-initialisation, e.g.
+# DataCopyExtParams{rows, n * sizeof(T), 0, 0, 0} with a runtime size_t; g++ would only warn.
 FLAGS = ["-std=c++17", "-O1", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-strict-aliasing", "-Wall",
-         "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
+         "-Wno-unused-variable", "-Wno-unused-but-set-variable", "-Werror=narrowing"]
 COMPILED = (".cpp", ".cc", ".cxx")
 
 
