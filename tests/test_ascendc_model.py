@@ -644,9 +644,9 @@ extern "C" __global__ __aicore__ void sync_noops(GM_ADDR out) {
 """
 
 HOST_CPP = r"""
-#include "acl/acl_base.h"
-#include "aclrtlaunch_pipeline_d1.h"
+#include "aclrtlaunch_pipeline_d1.h" /* includes acl/acl_base.h (ACL_SUCCESS) when the include path has it */
 #include "tiling/platform/platform_ascendc.h"
+#include "acl/acl.h"                 /* the project's acl headers after the model's: same aclrtStream */
 #include <thread>
 #include <vector>
 

@@ -32,6 +32,7 @@ struct Launch {
 
 thread_local Block *t_block = nullptr;
 std::mutex g_atomic;
+std::mutex g_fail; /* held by the first failing thread until abort(): one message per process */
 
 }  // namespace
 
@@ -45,6 +46,7 @@ void fail(int rule, const char *name, const char *fmt, ...) {
     if (t_block)
         snprintf(where, sizeof where, " [block %lld/%lld of kernel %s]", (long long)t_block->idx,
                  (long long)t_block->num, static_cast<Launch *>(t_block->launch)->name);
+    g_fail.lock();
     fprintf(stderr, "ascend-model: rule %d (%s): %s%s\n", rule, name, msg, where);
     fflush(stderr);
     abort();
