@@ -7,9 +7,9 @@ typedef struct {
     int64_t dims[2];
     float p_eps;
     int64_t pitch;
-    int64_t col_chunk;
     int64_t nbuf;
     int64_t rows;
+    int64_t col_chunk;
     int64_t tiles;
     int64_t group;
     int64_t groups;
@@ -44,9 +44,9 @@ typedef struct {
     int64_t dims[2];
     float p_eps;
     int64_t pitch;
-    int64_t col_chunk;
     int64_t nbuf;
     int64_t rows;
+    int64_t col_chunk;
     int64_t tiles;
     int64_t group;
     int64_t groups;
@@ -78,9 +78,9 @@ typedef struct {
     int64_t dims[2];
     float p_eps;
     int64_t pitch;
-    int64_t col_chunk;
     int64_t nbuf;
     int64_t rows;
+    int64_t col_chunk;
     int64_t tiles;
     int64_t group;
     int64_t groups;

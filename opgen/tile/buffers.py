@@ -171,6 +171,15 @@ class _Planner:
                     mv = t.MoveOp(src)
                     op.parent.insert_op_before(mv, op)  # type: ignore[union-attr]
                     op.operands[0] = mv.result
+        # a loop-carried tile's initial value that is used elsewhere too (CSE shares equal values)
+        # gets a copy of its own: the loop writes over it
+        for op, _ in list(_ops(self.k.body.block)):
+            if isinstance(op, t.ForOp):
+                for i, init in enumerate(op.inits):
+                    if is_tile(init) and len(list(init.uses)) > 1:
+                        mv = t.MoveOp(init)
+                        op.parent.insert_op_before(mv, op)  # type: ignore[union-attr]
+                        op.operands[3 + i] = mv.result
         self.pos.clear()
         self.end.clear()
         self.number(self.k.body.block)

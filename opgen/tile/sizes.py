@@ -29,8 +29,9 @@ from opgen.tile import dialect as t
 TILING_BYTES = 512
 #: the alignment of on-chip tiles and copies (bytes)
 ALIGN = 32
-#: largest column chunk of the column-sum phase (elements)
+#: largest and smallest column chunk of the column-sum phase (elements)
 MAX_COL_CHUNK = 4096
+MIN_COL_CHUNK = 8
 #: most rows one tile copy moves (DataCopyPad's blockCount is at most 4095)
 MAX_ROWS = 4095
 #: rows per partial sum of a column reduction (the partials' traffic is 2/GROUP_ROWS of a pass)
@@ -138,12 +139,12 @@ class SizeTiles(ModulePass):
         sizes = [_itemsize(x) for x in bufs if x.attributes["layout"].data in ("tile", "row")]  # type: ignore[attr-defined]
         align = ALIGN // min(sizes, default=ALIGN)
         pitch = b.set("pitch", b.select(b.add(ir.CmpOp("gt", cols, b.c(0))), b.round_up(cols, align), b.c(align)))
-        cc = b.round_up(b.cdiv(b.add(ir.MaxOp(cols, b.c(1))), cores), 8)
-        cc = b.set("col_chunk", b.add(ir.MinOp(cc, b.c(MAX_COL_CHUNK))))
 
-        def cost(depth_q: int) -> tuple[SSAValue, SSAValue]:
-            """(bytes per row of a tile, bytes independent of the rows) with queues depth_q deep."""
-            per_row, fixed = b.c(0), b.c(0)
+        def cost(depth_q: int) -> tuple[SSAValue, SSAValue, SSAValue]:
+            """(bytes per row of a tile, bytes independent of the rows, bytes per column of the
+            column-sum phase's chunk) with queues depth_q deep. The chunk's buffers are counted at
+            MIN_COL_CHUNK columns here: the rows never depend on the number of cores."""
+            per_row, fixed, per_col = b.c(0), b.c(0), b.c(0)
             for x in bufs:
                 nb = x.depth.data if x.kind.data == t.BufferKind.CALC else min(x.depth.data, depth_q)
                 lay, sz = x.attributes["layout"].data, _itemsize(x)  # type: ignore[attr-defined]
@@ -152,21 +153,24 @@ class SizeTiles(ModulePass):
                 elif lay == "vec":
                     per_row = b.bin(ir.AddOp, per_row, b.c(nb * sz))
                     fixed = b.bin(ir.AddOp, fixed, b.c(nb * ALIGN))
+                elif lay == "row" and x.attributes["cols"].data == "CC":  # type: ignore[attr-defined]
+                    per_col = b.bin(ir.AddOp, per_col, b.c(nb * sz))
+                    fixed = b.bin(ir.AddOp, fixed, b.c(nb * sz * MIN_COL_CHUNK))
                 elif lay == "row":
-                    width = cc if x.attributes["cols"].data == "CC" else pitch  # type: ignore[attr-defined]
-                    fixed = b.bin(ir.AddOp, fixed, b.bin(ir.MulOp, width, b.c(nb * sz)))
+                    fixed = b.bin(ir.AddOp, fixed, b.bin(ir.MulOp, pitch, b.c(nb * sz)))
                 else:  # scratch: one 32-byte block
                     fixed = b.bin(ir.AddOp, fixed, b.c(nb * ALIGN))
-            return per_row, fixed
+            return per_row, fixed, per_col
 
-        def rows_for(depth_q: int) -> SSAValue:
-            per_row, fixed = cost(depth_q)
+        def rows_for(c: tuple[SSAValue, SSAValue, SSAValue]) -> SSAValue:
+            per_row, fixed, _ = c
             room = b.bin(ir.SubOp, ub, fixed)
             fits = b.add(ir.AndOp(b.add(ir.CmpOp("gt", room, b.c(0))), b.add(ir.CmpOp("gt", per_row, b.c(0)))))
             safe = b.add(ir.MaxOp(per_row, b.c(1)))
             return b.select(fits, b.bin(ir.DivOp, room, safe), b.c(0))
 
-        double, single = rows_for(2), rows_for(1)
+        c2, c1 = cost(2), cost(1)
+        double, single = rows_for(c2), rows_for(c1)
         two = b.add(ir.CmpOp("ge", double, b.c(1)))
         b.set("nbuf", b.select(two, b.c(2), b.c(1)))
         rows = b.select(two, double, single)
@@ -174,6 +178,14 @@ class SizeTiles(ModulePass):
                 "a row does not fit the unified buffer (column tiles for such long rows are not implemented yet)")
         rows = b.add(ir.MinOp(rows, b.c(MAX_ROWS)))  # DataCopyPad moves at most 4095 rows at once
         rows = b.set("rows", b.add(ir.MinOp(rows, b.add(ir.MaxOp(n, b.c(1))))))
+        # the column-sum phase's chunk: the cores share the columns, within what the walk leaves
+        per_row, fixed, per_col = (b.select(two, x2, x1) for x2, x1 in zip(c2, c1, strict=True))
+        left = b.bin(ir.SubOp, ub, b.bin(ir.AddOp, fixed, b.bin(ir.MulOp, per_row, rows)))
+        room_cols = b.bin(ir.DivOp, left, b.add(ir.MaxOp(per_col, b.c(1))))
+        room_cols = b.bin(ir.MulOp, b.bin(ir.DivOp, room_cols, b.c(8)), b.c(8))
+        cc = b.round_up(b.cdiv(b.add(ir.MaxOp(cols, b.c(1))), cores), 8)
+        cc = b.add(ir.MinOp(b.add(ir.MinOp(cc, b.c(MAX_COL_CHUNK))), b.bin(ir.AddOp, room_cols, b.c(MIN_COL_CHUNK))))
+        cc = b.set("col_chunk", cc)
         # rows of no element (a zero-length row dim) need no walk at all
         tiles = b.set("tiles", b.select(b.add(ir.CmpOp("gt", cols, b.c(0))), b.cdiv(n, rows), b.c(0)))
         # column reductions: a partial row per GROUP_ROWS rows or so (a group is whole tiles)
