@@ -131,7 +131,7 @@ def _show_report(o: OpDef, args: argparse.Namespace) -> int:
     plat.update({k: int(v) for k, v in _parse_kv(args.platform).items()})
     m = o.module()
     pipeline.run(m, args.target)
-    rs = [report.report(k, dims, plat) for k in m.body.block.ops if isinstance(k, tdl.KernelOp)]
+    rs = report.chosen([k for k in m.body.block.ops if isinstance(k, tdl.KernelOp)], dims, plat)
     print(f"// {o.name} on {args.target} at {', '.join(f'{k}={v}' for k, v in dims.items())}; "
           f"platform {', '.join(f'{k}={v}' for k, v in plat.items())}")
     print(report.format_report(rs))

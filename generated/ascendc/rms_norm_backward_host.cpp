@@ -2,8 +2,11 @@
 #include "opgen_ascendc_rt.h"
 #include "rms_norm_backward_tiling.h"
 #include "aclrtlaunch_k_rms_norm_backward_f16.h"
+#include "aclrtlaunch_k_rms_norm_backward_f16_streamed.h"
 #include "aclrtlaunch_k_rms_norm_backward_f32.h"
+#include "aclrtlaunch_k_rms_norm_backward_f32_streamed.h"
 #include "aclrtlaunch_k_rms_norm_backward_bf16.h"
+#include "aclrtlaunch_k_rms_norm_backward_bf16_streamed.h"
 
 static opgen_status_t k_rms_norm_backward_f16_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_rms_norm_backward_f16_tiling_t *tl) {
     memset(tl, 0, sizeof *tl);
@@ -132,7 +135,7 @@ static opgen_status_t k_rms_norm_backward_f16_tiling(const int64_t *dims, const 
     tl->nbuf = v160;
     const int64_t v161 = (v159 ? v151 : v158);
     const bool v162 = v161 >= v148;
-    if (!(v162)) return opgen_fail(OPGEN_ERR_SHAPE, "rms_norm_backward: a row does not fit the unified buffer (column tiles for such long rows are not implemented yet)");
+    if (!(v162)) return opgen_fail(OPGEN_ERR_SHAPE, "rms_norm_backward: a whole row does not fit the unified buffer (the column-tile kernel takes over)");
     const int64_t v163 = 4095ll;
     const int64_t v164 = (v161 < v163 ? v161 : v163);
     const int64_t v165 = (v48 > v148 ? v48 : v148);
@@ -303,27 +306,334 @@ static opgen_status_t k_rms_norm_backward_f16_tiling(const int64_t *dims, const 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_rms_norm_backward_f16_launch(const opgen_buf_t *bufs, const k_rms_norm_backward_f16_tiling_t *tl, char *ws, void *stream) {
+    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
+        return opgen_fail(OPGEN_ERR_INTERNAL, "k_rms_norm_backward_f16: cannot copy the tiling data");
+    ACLRT_LAUNCH_KERNEL(k_rms_norm_backward_f16)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[4].data, bufs[5].data, ws, ws);
+    return opgen_ascendc_launched("k_rms_norm_backward_f16");
+}
+
+static opgen_status_t k_rms_norm_backward_f16_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_rms_norm_backward_f16_streamed_tiling_t *tl) {
+    memset(tl, 0, sizeof *tl);
+    const int64_t d_N = dims[0]; (void)d_N;
+    tl->dims[0] = d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    tl->dims[1] = d_D;
+    const float p_eps = sc[3].f; (void)p_eps;
+    tl->p_eps = p_eps;
+    const int64_t v54 = ub_bytes;
+    const int64_t v55 = cores;
+    const int64_t v56 = d_N;
+    const int64_t v57 = d_D;
+    const int64_t v58 = 0ll;
+    const bool v59 = v57 > v58;
+    const int64_t v60 = 16ll;
+    const int64_t v61 = (v60 == 0 ? 0 : v57 / v60);
+    const int64_t v62 = v61 * v60;
+    const int64_t v63 = v57 - v62;
+    const bool v64 = v63 != v58;
+    const int64_t v65 = (int64_t)(v64);
+    const int64_t v66 = v61 + v65;
+    const int64_t v67 = v66 * v60;
+    const int64_t v68 = (v59 ? v67 : v60);
+    tl->pitch = v68;
+    const int64_t v69 = 4ll;
+    const int64_t v70 = v68 * v69;
+    const int64_t v71 = v58 + v70;
+    const int64_t v72 = v68 * v69;
+    const int64_t v73 = v71 + v72;
+    const int64_t v74 = v68 * v69;
+    const int64_t v75 = v58 + v74;
+    const int64_t v76 = v68 * v69;
+    const int64_t v77 = v73 + v76;
+    const int64_t v78 = v68 * v69;
+    const int64_t v79 = v77 + v78;
+    const int64_t v80 = 8ll;
+    const int64_t v81 = v68 * v80;
+    const int64_t v82 = v75 + v81;
+    const int64_t v83 = v68 * v69;
+    const int64_t v84 = v82 + v83;
+    const int64_t v85 = v68 * v69;
+    const int64_t v86 = v79 + v85;
+    const int64_t v87 = v58 + v80;
+    const int64_t v88 = 64ll;
+    const int64_t v89 = v84 + v88;
+    const int64_t v90 = v87 + v69;
+    const int64_t v91 = 32ll;
+    const int64_t v92 = v89 + v91;
+    const int64_t v93 = v86 + v69;
+    const int64_t v94 = v92 + v91;
+    const int64_t v95 = v93 + v69;
+    const int64_t v96 = v94 + v91;
+    const int64_t v97 = v90 + v69;
+    const int64_t v98 = v96 + v91;
+    const int64_t v99 = v95 + v69;
+    const int64_t v100 = v98 + v91;
+    const int64_t v101 = v68 * v69;
+    const int64_t v102 = v99 + v101;
+    const int64_t v103 = v68 * v69;
+    const int64_t v104 = v102 + v103;
+    const int64_t v105 = v68 * v69;
+    const int64_t v106 = v100 + v105;
+    const int64_t v107 = v68 * v69;
+    const int64_t v108 = v104 + v107;
+    const int64_t v109 = v108 + v69;
+    const int64_t v110 = v106 + v91;
+    const int64_t v111 = v110 + v91;
+    const int64_t v112 = v68 * v69;
+    const int64_t v113 = v111 + v112;
+    const int64_t v114 = 2ll;
+    const int64_t v115 = v68 * v114;
+    const int64_t v116 = v58 + v115;
+    const int64_t v117 = v68 * v114;
+    const int64_t v118 = v116 + v117;
+    const int64_t v119 = v68 * v114;
+    const int64_t v120 = v58 + v119;
+    const int64_t v121 = v68 * v114;
+    const int64_t v122 = v118 + v121;
+    const int64_t v123 = v68 * v114;
+    const int64_t v124 = v122 + v123;
+    const int64_t v125 = v68 * v69;
+    const int64_t v126 = v120 + v125;
+    const int64_t v127 = v68 * v114;
+    const int64_t v128 = v126 + v127;
+    const int64_t v129 = v68 * v114;
+    const int64_t v130 = v124 + v129;
+    const int64_t v131 = v58 + v69;
+    const int64_t v132 = v128 + v91;
+    const int64_t v133 = v131 + v114;
+    const int64_t v134 = v132 + v60;
+    const int64_t v135 = v130 + v69;
+    const int64_t v136 = v134 + v91;
+    const int64_t v137 = v135 + v69;
+    const int64_t v138 = v136 + v91;
+    const int64_t v139 = v133 + v69;
+    const int64_t v140 = v138 + v91;
+    const int64_t v141 = v137 + v69;
+    const int64_t v142 = v140 + v91;
+    const int64_t v143 = v68 * v69;
+    const int64_t v144 = v141 + v143;
+    const int64_t v145 = v68 * v69;
+    const int64_t v146 = v144 + v145;
+    const int64_t v147 = v68 * v69;
+    const int64_t v148 = v142 + v147;
+    const int64_t v149 = v68 * v69;
+    const int64_t v150 = v146 + v149;
+    const int64_t v151 = v150 + v69;
+    const int64_t v152 = v148 + v91;
+    const int64_t v153 = v152 + v91;
+    const int64_t v154 = v68 * v69;
+    const int64_t v155 = v153 + v154;
+    const int64_t v156 = v58 + v69;
+    const int64_t v157 = v156 + v69;
+    const int64_t v158 = v157 + v69;
+    const int64_t v159 = v158 + v69;
+    const int64_t v160 = v159 + v69;
+    const int64_t v161 = v160 + v80;
+    const int64_t v162 = v161 + v69;
+    const int64_t v163 = v162 + v69;
+    const int64_t v164 = v58 + v88;
+    const int64_t v165 = v164 + v91;
+    const int64_t v166 = v165 + v91;
+    const int64_t v167 = v166 + v91;
+    const int64_t v168 = v167 + v91;
+    const int64_t v169 = v168 + v91;
+    const int64_t v170 = v163 + v69;
+    const int64_t v171 = v170 + v69;
+    const int64_t v172 = v171 + v69;
+    const int64_t v173 = v172 + v69;
+    const int64_t v174 = v169 + v91;
+    const int64_t v175 = v174 + v91;
+    const int64_t v176 = v173 + v69;
+    const int64_t v177 = v54 - v175;
+    const int64_t v178 = (v177 > v58 ? v177 : v58);
+    const int64_t v179 = 1ll;
+    const int64_t v180 = (v176 > v179 ? v176 : v179);
+    const int64_t v181 = (v180 == 0 ? 0 : v178 / v180);
+    const int64_t v182 = (v60 == 0 ? 0 : v181 / v60);
+    const int64_t v183 = v182 * v60;
+    const int64_t v184 = (v57 > v179 ? v57 : v179);
+    const int64_t v185 = (v60 == 0 ? 0 : v184 / v60);
+    const int64_t v186 = v185 * v60;
+    const int64_t v187 = v184 - v186;
+    const bool v188 = v187 != v58;
+    const int64_t v189 = (int64_t)(v188);
+    const int64_t v190 = v185 + v189;
+    const int64_t v191 = v190 * v60;
+    const int64_t v192 = (v183 < v191 ? v183 : v191);
+    const bool v193 = v192 >= v60;
+    if (!(v193)) return opgen_fail(OPGEN_ERR_SHAPE, "rms_norm_backward: not even one 32-byte column tile fits the unified buffer");
+    tl->nbuf = v114;
+    tl->rows = v179;
+    tl->pitch = v192;
+    tl->chunk = v192;
+    const int64_t v194 = (v192 == 0 ? 0 : v57 / v192);
+    const int64_t v195 = v194 * v192;
+    const int64_t v196 = v57 - v195;
+    const bool v197 = v196 != v58;
+    const int64_t v198 = (int64_t)(v197);
+    const int64_t v199 = v194 + v198;
+    tl->chunks = v199;
+    const int64_t v200 = v176 * v192;
+    const int64_t v201 = v177 - v200;
+    const int64_t v202 = (v60 == 0 ? 0 : v201 / v60);
+    const int64_t v203 = (v80 == 0 ? 0 : v202 / v80);
+    const int64_t v204 = v203 * v80;
+    const int64_t v205 = (v57 > v179 ? v57 : v179);
+    const int64_t v206 = (v55 == 0 ? 0 : v205 / v55);
+    const int64_t v207 = v206 * v55;
+    const int64_t v208 = v205 - v207;
+    const bool v209 = v208 != v58;
+    const int64_t v210 = (int64_t)(v209);
+    const int64_t v211 = v206 + v210;
+    const int64_t v212 = (v80 == 0 ? 0 : v211 / v80);
+    const int64_t v213 = v212 * v80;
+    const int64_t v214 = v211 - v213;
+    const bool v215 = v214 != v58;
+    const int64_t v216 = (int64_t)(v215);
+    const int64_t v217 = v212 + v216;
+    const int64_t v218 = v217 * v80;
+    const int64_t v219 = 4096ll;
+    const int64_t v220 = (v218 < v219 ? v218 : v219);
+    const int64_t v221 = v204 + v80;
+    const int64_t v222 = (v220 < v221 ? v220 : v221);
+    tl->col_chunk = v222;
+    const bool v223 = v57 > v58;
+    const int64_t v224 = (v223 ? v56 : v58);
+    tl->tiles = v224;
+    tl->group = v179;
+    tl->groups = v224;
+    const int64_t v225 = v192 * v114;
+    tl->bytes_in1 = v225;
+    const int64_t v226 = v192 * v114;
+    tl->bytes_in2 = v226;
+    const int64_t v227 = v192 * v114;
+    tl->bytes_in3 = v227;
+    const int64_t v228 = v192 * v114;
+    tl->bytes_in4 = v228;
+    const int64_t v229 = v192 * v114;
+    tl->bytes_in5 = v229;
+    const int64_t v230 = v192 * v69;
+    tl->bytes_out1 = v230;
+    const int64_t v231 = v192 * v114;
+    tl->bytes_in6 = v231;
+    const int64_t v232 = v192 * v114;
+    tl->bytes_out2 = v232;
+    const int64_t v233 = v222 * v69;
+    tl->bytes_in7 = v233;
+    const int64_t v234 = v222 * v114;
+    tl->bytes_out3 = v234;
+    tl->bytes_calc1 = v91;
+    tl->bytes_calc2 = v91;
+    const int64_t v235 = v222 * v69;
+    tl->bytes_calc3 = v235;
+    tl->bytes_calc4 = v91;
+    const int64_t v236 = v192 * v69;
+    tl->bytes_calc5 = v236;
+    const int64_t v237 = v192 * v69;
+    tl->bytes_calc6 = v237;
+    const int64_t v238 = v192 * v69;
+    tl->bytes_calc7 = v238;
+    const int64_t v239 = v192 * v69;
+    tl->bytes_calc8 = v239;
+    tl->bytes_calc9 = v91;
+    tl->bytes_rdst = v91;
+    const int64_t v240 = v192 * v69;
+    tl->bytes_rwork = v240;
+    const int64_t v241 = cores;
+    const int64_t v242 = d_D;
+    const int64_t v243 = (v222 == 0 ? 0 : v242 / v222);
+    const int64_t v244 = v243 * v222;
+    const int64_t v245 = v242 - v244;
+    const int64_t v246 = 0ll;
+    const bool v247 = v245 != v246;
+    const int64_t v248 = (int64_t)(v247);
+    const int64_t v249 = v243 + v248;
+    tl->col_chunks = v249;
+    const int64_t v250 = (v224 > v249 ? v224 : v249);
+    const int64_t v251 = (v241 < v250 ? v241 : v250);
+    const int64_t v252 = 1ll;
+    const int64_t v253 = (v251 > v252 ? v251 : v252);
+    tl->block_dim = v253;
+    const int64_t v254 = 512ll;
+    const int64_t v255 = 4ll;
+    const int64_t v256 = 4611686018427387904ll;
+    const int64_t v257 = 1ll;
+    const int64_t v258 = (v224 > v257 ? v224 : v257);
+    const int64_t v259 = (v258 == 0 ? 0 : v256 / v258);
+    const bool v260 = v255 <= v259;
+    if (!(v260)) return opgen_fail(OPGEN_ERR_SHAPE, "rms_norm_backward: the workspace would not fit in 64 bits");
+    const int64_t v261 = v255 * v224;
+    const int64_t v262 = d_D;
+    const int64_t v263 = (v262 > v257 ? v262 : v257);
+    const int64_t v264 = (v263 == 0 ? 0 : v256 / v263);
+    const bool v265 = v261 <= v264;
+    if (!(v265)) return opgen_fail(OPGEN_ERR_SHAPE, "rms_norm_backward: the workspace would not fit in 64 bits");
+    const int64_t v266 = v261 * v262;
+    tl->partials0 = v254;
+    const int64_t v267 = 64ll;
+    const int64_t v268 = (v267 == 0 ? 0 : v266 / v267);
+    const int64_t v269 = v268 * v267;
+    const int64_t v270 = v266 - v269;
+    const int64_t v271 = 0ll;
+    const bool v272 = v270 != v271;
+    const int64_t v273 = (int64_t)(v272);
+    const int64_t v274 = v268 + v273;
+    const int64_t v275 = v274 * v267;
+    const int64_t v276 = v254 + v275;
+    tl->ws_bytes = v276;
+    (void)dims; (void)sc; (void)cores; (void)ub_bytes;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_rms_norm_backward_f16_streamed_launch(const opgen_buf_t *bufs, const k_rms_norm_backward_f16_streamed_tiling_t *tl, char *ws, void *stream) {
+    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
+        return opgen_fail(OPGEN_ERR_INTERNAL, "k_rms_norm_backward_f16_streamed: cannot copy the tiling data");
+    ACLRT_LAUNCH_KERNEL(k_rms_norm_backward_f16_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[4].data, bufs[5].data, ws, ws);
+    return opgen_ascendc_launched("k_rms_norm_backward_f16_streamed");
+}
+
 static size_t h_k_rms_norm_backward_f16_ws(const int64_t *dims) {
-    k_rms_norm_backward_f16_tiling_t tl;
     opgen_scalar_t sc[OPGEN_MAX_PARAMS];
     memset(sc, 0, sizeof sc); /* the sizes never depend on scalar values */
-    if (k_rms_norm_backward_f16_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) != OPGEN_SUCCESS)
-        return 512; /* the pre-check reports why */
-    return (size_t)tl.ws_bytes;
+    {
+        k_rms_norm_backward_f16_tiling_t tl;
+        if (k_rms_norm_backward_f16_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
+    }
+    {
+        k_rms_norm_backward_f16_streamed_tiling_t tl;
+        if (k_rms_norm_backward_f16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
+    }
+    return 512; /* the pre-check reports why */
 }
 static opgen_status_t h_k_rms_norm_backward_f16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
-    k_rms_norm_backward_f16_tiling_t tl;
+    opgen_status_t st = OPGEN_ERR_INTERNAL;
     (void)bufs;
-    return k_rms_norm_backward_f16_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
+    {
+        k_rms_norm_backward_f16_tiling_t tl;
+        st = k_rms_norm_backward_f16_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
+        if (st == OPGEN_SUCCESS) return st;
+    }
+    {
+        k_rms_norm_backward_f16_streamed_tiling_t tl;
+        st = k_rms_norm_backward_f16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
+        if (st == OPGEN_SUCCESS) return st;
+    }
+    return st;
 }
 static opgen_status_t h_k_rms_norm_backward_f16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws, void *stream) {
-    k_rms_norm_backward_f16_tiling_t tl;
-    opgen_status_t st = k_rms_norm_backward_f16_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
-    if (st != OPGEN_SUCCESS) return st;
-    if (aclrtMemcpy(ws, sizeof tl, &tl, sizeof tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_rms_norm_backward_f16: cannot copy the tiling data");
-    ACLRT_LAUNCH_KERNEL(k_rms_norm_backward_f16)((uint32_t)tl.block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[4].data, bufs[5].data, ws, ws);
-    return opgen_ascendc_launched("k_rms_norm_backward_f16");
+    opgen_status_t st = OPGEN_ERR_INTERNAL;
+    {
+        k_rms_norm_backward_f16_tiling_t tl;
+        st = k_rms_norm_backward_f16_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
+        if (st == OPGEN_SUCCESS) return k_rms_norm_backward_f16_launch(bufs, &tl, ws, stream);
+    }
+    {
+        k_rms_norm_backward_f16_streamed_tiling_t tl;
+        st = k_rms_norm_backward_f16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
+        if (st == OPGEN_SUCCESS) return k_rms_norm_backward_f16_streamed_launch(bufs, &tl, ws, stream);
+    }
+    return st;
 }
 
 static opgen_status_t k_rms_norm_backward_f32_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_rms_norm_backward_f32_tiling_t *tl) {
@@ -440,7 +750,7 @@ static opgen_status_t k_rms_norm_backward_f32_tiling(const int64_t *dims, const 
     tl->nbuf = v147;
     const int64_t v148 = (v145 ? v137 : v144);
     const bool v149 = v148 >= v134;
-    if (!(v149)) return opgen_fail(OPGEN_ERR_SHAPE, "rms_norm_backward: a row does not fit the unified buffer (column tiles for such long rows are not implemented yet)");
+    if (!(v149)) return opgen_fail(OPGEN_ERR_SHAPE, "rms_norm_backward: a whole row does not fit the unified buffer (the column-tile kernel takes over)");
     const int64_t v150 = 4095ll;
     const int64_t v151 = (v148 < v150 ? v148 : v150);
     const int64_t v152 = (v48 > v134 ? v48 : v134);
@@ -603,27 +913,320 @@ static opgen_status_t k_rms_norm_backward_f32_tiling(const int64_t *dims, const 
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_rms_norm_backward_f32_launch(const opgen_buf_t *bufs, const k_rms_norm_backward_f32_tiling_t *tl, char *ws, void *stream) {
+    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
+        return opgen_fail(OPGEN_ERR_INTERNAL, "k_rms_norm_backward_f32: cannot copy the tiling data");
+    ACLRT_LAUNCH_KERNEL(k_rms_norm_backward_f32)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[4].data, bufs[5].data, ws, ws);
+    return opgen_ascendc_launched("k_rms_norm_backward_f32");
+}
+
+static opgen_status_t k_rms_norm_backward_f32_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_rms_norm_backward_f32_streamed_tiling_t *tl) {
+    memset(tl, 0, sizeof *tl);
+    const int64_t d_N = dims[0]; (void)d_N;
+    tl->dims[0] = d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    tl->dims[1] = d_D;
+    const float p_eps = sc[3].f; (void)p_eps;
+    tl->p_eps = p_eps;
+    const int64_t v54 = ub_bytes;
+    const int64_t v55 = cores;
+    const int64_t v56 = d_N;
+    const int64_t v57 = d_D;
+    const int64_t v58 = 0ll;
+    const bool v59 = v57 > v58;
+    const int64_t v60 = 8ll;
+    const int64_t v61 = (v60 == 0 ? 0 : v57 / v60);
+    const int64_t v62 = v61 * v60;
+    const int64_t v63 = v57 - v62;
+    const bool v64 = v63 != v58;
+    const int64_t v65 = (int64_t)(v64);
+    const int64_t v66 = v61 + v65;
+    const int64_t v67 = v66 * v60;
+    const int64_t v68 = (v59 ? v67 : v60);
+    tl->pitch = v68;
+    const int64_t v69 = v68 * v60;
+    const int64_t v70 = v58 + v69;
+    const int64_t v71 = v68 * v60;
+    const int64_t v72 = v70 + v71;
+    const int64_t v73 = v68 * v60;
+    const int64_t v74 = v58 + v73;
+    const int64_t v75 = v68 * v60;
+    const int64_t v76 = v72 + v75;
+    const int64_t v77 = v68 * v60;
+    const int64_t v78 = v76 + v77;
+    const int64_t v79 = v68 * v60;
+    const int64_t v80 = v74 + v79;
+    const int64_t v81 = v68 * v60;
+    const int64_t v82 = v80 + v81;
+    const int64_t v83 = v68 * v60;
+    const int64_t v84 = v78 + v83;
+    const int64_t v85 = v58 + v60;
+    const int64_t v86 = 64ll;
+    const int64_t v87 = v82 + v86;
+    const int64_t v88 = v85 + v60;
+    const int64_t v89 = v87 + v86;
+    const int64_t v90 = 4ll;
+    const int64_t v91 = v84 + v90;
+    const int64_t v92 = 32ll;
+    const int64_t v93 = v89 + v92;
+    const int64_t v94 = v91 + v90;
+    const int64_t v95 = v93 + v92;
+    const int64_t v96 = v88 + v90;
+    const int64_t v97 = v95 + v92;
+    const int64_t v98 = v94 + v90;
+    const int64_t v99 = v97 + v92;
+    const int64_t v100 = v68 * v90;
+    const int64_t v101 = v98 + v100;
+    const int64_t v102 = v101 + v90;
+    const int64_t v103 = v99 + v92;
+    const int64_t v104 = v68 * v90;
+    const int64_t v105 = v102 + v104;
+    const int64_t v106 = v103 + v92;
+    const int64_t v107 = v68 * v90;
+    const int64_t v108 = v106 + v107;
+    const int64_t v109 = v68 * v90;
+    const int64_t v110 = v58 + v109;
+    const int64_t v111 = v68 * v90;
+    const int64_t v112 = v110 + v111;
+    const int64_t v113 = v68 * v90;
+    const int64_t v114 = v58 + v113;
+    const int64_t v115 = v68 * v90;
+    const int64_t v116 = v112 + v115;
+    const int64_t v117 = v68 * v90;
+    const int64_t v118 = v116 + v117;
+    const int64_t v119 = v68 * v90;
+    const int64_t v120 = v114 + v119;
+    const int64_t v121 = v68 * v90;
+    const int64_t v122 = v120 + v121;
+    const int64_t v123 = v68 * v90;
+    const int64_t v124 = v118 + v123;
+    const int64_t v125 = v58 + v90;
+    const int64_t v126 = v122 + v92;
+    const int64_t v127 = v125 + v90;
+    const int64_t v128 = v126 + v92;
+    const int64_t v129 = v124 + v90;
+    const int64_t v130 = v128 + v92;
+    const int64_t v131 = v129 + v90;
+    const int64_t v132 = v130 + v92;
+    const int64_t v133 = v127 + v90;
+    const int64_t v134 = v132 + v92;
+    const int64_t v135 = v131 + v90;
+    const int64_t v136 = v134 + v92;
+    const int64_t v137 = v68 * v90;
+    const int64_t v138 = v135 + v137;
+    const int64_t v139 = v138 + v90;
+    const int64_t v140 = v136 + v92;
+    const int64_t v141 = v68 * v90;
+    const int64_t v142 = v139 + v141;
+    const int64_t v143 = v140 + v92;
+    const int64_t v144 = v68 * v90;
+    const int64_t v145 = v143 + v144;
+    const int64_t v146 = v58 + v60;
+    const int64_t v147 = v146 + v60;
+    const int64_t v148 = v147 + v60;
+    const int64_t v149 = v148 + v60;
+    const int64_t v150 = v149 + v60;
+    const int64_t v151 = v150 + v60;
+    const int64_t v152 = v151 + v60;
+    const int64_t v153 = v152 + v60;
+    const int64_t v154 = v58 + v86;
+    const int64_t v155 = v154 + v86;
+    const int64_t v156 = v155 + v92;
+    const int64_t v157 = v156 + v92;
+    const int64_t v158 = v157 + v92;
+    const int64_t v159 = v158 + v92;
+    const int64_t v160 = v153 + v90;
+    const int64_t v161 = v159 + v92;
+    const int64_t v162 = v160 + v90;
+    const int64_t v163 = v161 + v92;
+    const int64_t v164 = v162 + v90;
+    const int64_t v165 = v54 - v163;
+    const int64_t v166 = (v165 > v58 ? v165 : v58);
+    const int64_t v167 = 1ll;
+    const int64_t v168 = (v164 > v167 ? v164 : v167);
+    const int64_t v169 = (v168 == 0 ? 0 : v166 / v168);
+    const int64_t v170 = (v60 == 0 ? 0 : v169 / v60);
+    const int64_t v171 = v170 * v60;
+    const int64_t v172 = (v57 > v167 ? v57 : v167);
+    const int64_t v173 = (v60 == 0 ? 0 : v172 / v60);
+    const int64_t v174 = v173 * v60;
+    const int64_t v175 = v172 - v174;
+    const bool v176 = v175 != v58;
+    const int64_t v177 = (int64_t)(v176);
+    const int64_t v178 = v173 + v177;
+    const int64_t v179 = v178 * v60;
+    const int64_t v180 = (v171 < v179 ? v171 : v179);
+    const bool v181 = v180 >= v60;
+    if (!(v181)) return opgen_fail(OPGEN_ERR_SHAPE, "rms_norm_backward: not even one 32-byte column tile fits the unified buffer");
+    const int64_t v182 = 2ll;
+    tl->nbuf = v182;
+    tl->rows = v167;
+    tl->pitch = v180;
+    tl->chunk = v180;
+    const int64_t v183 = (v180 == 0 ? 0 : v57 / v180);
+    const int64_t v184 = v183 * v180;
+    const int64_t v185 = v57 - v184;
+    const bool v186 = v185 != v58;
+    const int64_t v187 = (int64_t)(v186);
+    const int64_t v188 = v183 + v187;
+    tl->chunks = v188;
+    const int64_t v189 = v164 * v180;
+    const int64_t v190 = v165 - v189;
+    const int64_t v191 = 20ll;
+    const int64_t v192 = (v191 == 0 ? 0 : v190 / v191);
+    const int64_t v193 = (v60 == 0 ? 0 : v192 / v60);
+    const int64_t v194 = v193 * v60;
+    const int64_t v195 = (v57 > v167 ? v57 : v167);
+    const int64_t v196 = (v55 == 0 ? 0 : v195 / v55);
+    const int64_t v197 = v196 * v55;
+    const int64_t v198 = v195 - v197;
+    const bool v199 = v198 != v58;
+    const int64_t v200 = (int64_t)(v199);
+    const int64_t v201 = v196 + v200;
+    const int64_t v202 = (v60 == 0 ? 0 : v201 / v60);
+    const int64_t v203 = v202 * v60;
+    const int64_t v204 = v201 - v203;
+    const bool v205 = v204 != v58;
+    const int64_t v206 = (int64_t)(v205);
+    const int64_t v207 = v202 + v206;
+    const int64_t v208 = v207 * v60;
+    const int64_t v209 = 4096ll;
+    const int64_t v210 = (v208 < v209 ? v208 : v209);
+    const int64_t v211 = v194 + v60;
+    const int64_t v212 = (v210 < v211 ? v210 : v211);
+    tl->col_chunk = v212;
+    const bool v213 = v57 > v58;
+    const int64_t v214 = (v213 ? v56 : v58);
+    tl->tiles = v214;
+    tl->group = v167;
+    tl->groups = v214;
+    const int64_t v215 = v180 * v90;
+    tl->bytes_in1 = v215;
+    const int64_t v216 = v180 * v90;
+    tl->bytes_in2 = v216;
+    const int64_t v217 = v180 * v90;
+    tl->bytes_in3 = v217;
+    const int64_t v218 = v180 * v90;
+    tl->bytes_in4 = v218;
+    const int64_t v219 = v180 * v90;
+    tl->bytes_in5 = v219;
+    const int64_t v220 = v180 * v90;
+    tl->bytes_out1 = v220;
+    const int64_t v221 = v180 * v90;
+    tl->bytes_in6 = v221;
+    const int64_t v222 = v180 * v90;
+    tl->bytes_out2 = v222;
+    const int64_t v223 = v212 * v90;
+    tl->bytes_in7 = v223;
+    const int64_t v224 = v212 * v90;
+    tl->bytes_out3 = v224;
+    tl->bytes_calc1 = v92;
+    tl->bytes_calc2 = v92;
+    const int64_t v225 = v212 * v90;
+    tl->bytes_calc3 = v225;
+    tl->bytes_calc4 = v92;
+    const int64_t v226 = v180 * v90;
+    tl->bytes_calc5 = v226;
+    tl->bytes_calc6 = v92;
+    const int64_t v227 = v180 * v90;
+    tl->bytes_calc7 = v227;
+    tl->bytes_rdst = v92;
+    const int64_t v228 = v180 * v90;
+    tl->bytes_rwork = v228;
+    const int64_t v229 = cores;
+    const int64_t v230 = d_D;
+    const int64_t v231 = (v212 == 0 ? 0 : v230 / v212);
+    const int64_t v232 = v231 * v212;
+    const int64_t v233 = v230 - v232;
+    const int64_t v234 = 0ll;
+    const bool v235 = v233 != v234;
+    const int64_t v236 = (int64_t)(v235);
+    const int64_t v237 = v231 + v236;
+    tl->col_chunks = v237;
+    const int64_t v238 = (v214 > v237 ? v214 : v237);
+    const int64_t v239 = (v229 < v238 ? v229 : v238);
+    const int64_t v240 = 1ll;
+    const int64_t v241 = (v239 > v240 ? v239 : v240);
+    tl->block_dim = v241;
+    const int64_t v242 = 512ll;
+    const int64_t v243 = 4ll;
+    const int64_t v244 = 4611686018427387904ll;
+    const int64_t v245 = 1ll;
+    const int64_t v246 = (v214 > v245 ? v214 : v245);
+    const int64_t v247 = (v246 == 0 ? 0 : v244 / v246);
+    const bool v248 = v243 <= v247;
+    if (!(v248)) return opgen_fail(OPGEN_ERR_SHAPE, "rms_norm_backward: the workspace would not fit in 64 bits");
+    const int64_t v249 = v243 * v214;
+    const int64_t v250 = d_D;
+    const int64_t v251 = (v250 > v245 ? v250 : v245);
+    const int64_t v252 = (v251 == 0 ? 0 : v244 / v251);
+    const bool v253 = v249 <= v252;
+    if (!(v253)) return opgen_fail(OPGEN_ERR_SHAPE, "rms_norm_backward: the workspace would not fit in 64 bits");
+    const int64_t v254 = v249 * v250;
+    tl->partials0 = v242;
+    const int64_t v255 = 64ll;
+    const int64_t v256 = (v255 == 0 ? 0 : v254 / v255);
+    const int64_t v257 = v256 * v255;
+    const int64_t v258 = v254 - v257;
+    const int64_t v259 = 0ll;
+    const bool v260 = v258 != v259;
+    const int64_t v261 = (int64_t)(v260);
+    const int64_t v262 = v256 + v261;
+    const int64_t v263 = v262 * v255;
+    const int64_t v264 = v242 + v263;
+    tl->ws_bytes = v264;
+    (void)dims; (void)sc; (void)cores; (void)ub_bytes;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_rms_norm_backward_f32_streamed_launch(const opgen_buf_t *bufs, const k_rms_norm_backward_f32_streamed_tiling_t *tl, char *ws, void *stream) {
+    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
+        return opgen_fail(OPGEN_ERR_INTERNAL, "k_rms_norm_backward_f32_streamed: cannot copy the tiling data");
+    ACLRT_LAUNCH_KERNEL(k_rms_norm_backward_f32_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[4].data, bufs[5].data, ws, ws);
+    return opgen_ascendc_launched("k_rms_norm_backward_f32_streamed");
+}
+
 static size_t h_k_rms_norm_backward_f32_ws(const int64_t *dims) {
-    k_rms_norm_backward_f32_tiling_t tl;
     opgen_scalar_t sc[OPGEN_MAX_PARAMS];
     memset(sc, 0, sizeof sc); /* the sizes never depend on scalar values */
-    if (k_rms_norm_backward_f32_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) != OPGEN_SUCCESS)
-        return 512; /* the pre-check reports why */
-    return (size_t)tl.ws_bytes;
+    {
+        k_rms_norm_backward_f32_tiling_t tl;
+        if (k_rms_norm_backward_f32_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
+    }
+    {
+        k_rms_norm_backward_f32_streamed_tiling_t tl;
+        if (k_rms_norm_backward_f32_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
+    }
+    return 512; /* the pre-check reports why */
 }
 static opgen_status_t h_k_rms_norm_backward_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
-    k_rms_norm_backward_f32_tiling_t tl;
+    opgen_status_t st = OPGEN_ERR_INTERNAL;
     (void)bufs;
-    return k_rms_norm_backward_f32_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
+    {
+        k_rms_norm_backward_f32_tiling_t tl;
+        st = k_rms_norm_backward_f32_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
+        if (st == OPGEN_SUCCESS) return st;
+    }
+    {
+        k_rms_norm_backward_f32_streamed_tiling_t tl;
+        st = k_rms_norm_backward_f32_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
+        if (st == OPGEN_SUCCESS) return st;
+    }
+    return st;
 }
 static opgen_status_t h_k_rms_norm_backward_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws, void *stream) {
-    k_rms_norm_backward_f32_tiling_t tl;
-    opgen_status_t st = k_rms_norm_backward_f32_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
-    if (st != OPGEN_SUCCESS) return st;
-    if (aclrtMemcpy(ws, sizeof tl, &tl, sizeof tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_rms_norm_backward_f32: cannot copy the tiling data");
-    ACLRT_LAUNCH_KERNEL(k_rms_norm_backward_f32)((uint32_t)tl.block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[4].data, bufs[5].data, ws, ws);
-    return opgen_ascendc_launched("k_rms_norm_backward_f32");
+    opgen_status_t st = OPGEN_ERR_INTERNAL;
+    {
+        k_rms_norm_backward_f32_tiling_t tl;
+        st = k_rms_norm_backward_f32_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
+        if (st == OPGEN_SUCCESS) return k_rms_norm_backward_f32_launch(bufs, &tl, ws, stream);
+    }
+    {
+        k_rms_norm_backward_f32_streamed_tiling_t tl;
+        st = k_rms_norm_backward_f32_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
+        if (st == OPGEN_SUCCESS) return k_rms_norm_backward_f32_streamed_launch(bufs, &tl, ws, stream);
+    }
+    return st;
 }
 
 static opgen_status_t k_rms_norm_backward_bf16_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_rms_norm_backward_bf16_tiling_t *tl) {
@@ -753,7 +1356,7 @@ static opgen_status_t k_rms_norm_backward_bf16_tiling(const int64_t *dims, const
     tl->nbuf = v160;
     const int64_t v161 = (v159 ? v151 : v158);
     const bool v162 = v161 >= v148;
-    if (!(v162)) return opgen_fail(OPGEN_ERR_SHAPE, "rms_norm_backward: a row does not fit the unified buffer (column tiles for such long rows are not implemented yet)");
+    if (!(v162)) return opgen_fail(OPGEN_ERR_SHAPE, "rms_norm_backward: a whole row does not fit the unified buffer (the column-tile kernel takes over)");
     const int64_t v163 = 4095ll;
     const int64_t v164 = (v161 < v163 ? v161 : v163);
     const int64_t v165 = (v48 > v148 ? v48 : v148);
@@ -924,27 +1527,334 @@ static opgen_status_t k_rms_norm_backward_bf16_tiling(const int64_t *dims, const
     return OPGEN_SUCCESS;
 }
 
+static opgen_status_t k_rms_norm_backward_bf16_launch(const opgen_buf_t *bufs, const k_rms_norm_backward_bf16_tiling_t *tl, char *ws, void *stream) {
+    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
+        return opgen_fail(OPGEN_ERR_INTERNAL, "k_rms_norm_backward_bf16: cannot copy the tiling data");
+    ACLRT_LAUNCH_KERNEL(k_rms_norm_backward_bf16)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[4].data, bufs[5].data, ws, ws);
+    return opgen_ascendc_launched("k_rms_norm_backward_bf16");
+}
+
+static opgen_status_t k_rms_norm_backward_bf16_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_rms_norm_backward_bf16_streamed_tiling_t *tl) {
+    memset(tl, 0, sizeof *tl);
+    const int64_t d_N = dims[0]; (void)d_N;
+    tl->dims[0] = d_N;
+    const int64_t d_D = dims[1]; (void)d_D;
+    tl->dims[1] = d_D;
+    const float p_eps = sc[3].f; (void)p_eps;
+    tl->p_eps = p_eps;
+    const int64_t v54 = ub_bytes;
+    const int64_t v55 = cores;
+    const int64_t v56 = d_N;
+    const int64_t v57 = d_D;
+    const int64_t v58 = 0ll;
+    const bool v59 = v57 > v58;
+    const int64_t v60 = 16ll;
+    const int64_t v61 = (v60 == 0 ? 0 : v57 / v60);
+    const int64_t v62 = v61 * v60;
+    const int64_t v63 = v57 - v62;
+    const bool v64 = v63 != v58;
+    const int64_t v65 = (int64_t)(v64);
+    const int64_t v66 = v61 + v65;
+    const int64_t v67 = v66 * v60;
+    const int64_t v68 = (v59 ? v67 : v60);
+    tl->pitch = v68;
+    const int64_t v69 = 4ll;
+    const int64_t v70 = v68 * v69;
+    const int64_t v71 = v58 + v70;
+    const int64_t v72 = v68 * v69;
+    const int64_t v73 = v71 + v72;
+    const int64_t v74 = v68 * v69;
+    const int64_t v75 = v58 + v74;
+    const int64_t v76 = v68 * v69;
+    const int64_t v77 = v73 + v76;
+    const int64_t v78 = v68 * v69;
+    const int64_t v79 = v77 + v78;
+    const int64_t v80 = 8ll;
+    const int64_t v81 = v68 * v80;
+    const int64_t v82 = v75 + v81;
+    const int64_t v83 = v68 * v69;
+    const int64_t v84 = v82 + v83;
+    const int64_t v85 = v68 * v69;
+    const int64_t v86 = v79 + v85;
+    const int64_t v87 = v58 + v80;
+    const int64_t v88 = 64ll;
+    const int64_t v89 = v84 + v88;
+    const int64_t v90 = v87 + v69;
+    const int64_t v91 = 32ll;
+    const int64_t v92 = v89 + v91;
+    const int64_t v93 = v86 + v69;
+    const int64_t v94 = v92 + v91;
+    const int64_t v95 = v93 + v69;
+    const int64_t v96 = v94 + v91;
+    const int64_t v97 = v90 + v69;
+    const int64_t v98 = v96 + v91;
+    const int64_t v99 = v95 + v69;
+    const int64_t v100 = v98 + v91;
+    const int64_t v101 = v68 * v69;
+    const int64_t v102 = v99 + v101;
+    const int64_t v103 = v68 * v69;
+    const int64_t v104 = v102 + v103;
+    const int64_t v105 = v68 * v69;
+    const int64_t v106 = v100 + v105;
+    const int64_t v107 = v68 * v69;
+    const int64_t v108 = v104 + v107;
+    const int64_t v109 = v108 + v69;
+    const int64_t v110 = v106 + v91;
+    const int64_t v111 = v110 + v91;
+    const int64_t v112 = v68 * v69;
+    const int64_t v113 = v111 + v112;
+    const int64_t v114 = 2ll;
+    const int64_t v115 = v68 * v114;
+    const int64_t v116 = v58 + v115;
+    const int64_t v117 = v68 * v114;
+    const int64_t v118 = v116 + v117;
+    const int64_t v119 = v68 * v114;
+    const int64_t v120 = v58 + v119;
+    const int64_t v121 = v68 * v114;
+    const int64_t v122 = v118 + v121;
+    const int64_t v123 = v68 * v114;
+    const int64_t v124 = v122 + v123;
+    const int64_t v125 = v68 * v69;
+    const int64_t v126 = v120 + v125;
+    const int64_t v127 = v68 * v114;
+    const int64_t v128 = v126 + v127;
+    const int64_t v129 = v68 * v114;
+    const int64_t v130 = v124 + v129;
+    const int64_t v131 = v58 + v69;
+    const int64_t v132 = v128 + v91;
+    const int64_t v133 = v131 + v114;
+    const int64_t v134 = v132 + v60;
+    const int64_t v135 = v130 + v69;
+    const int64_t v136 = v134 + v91;
+    const int64_t v137 = v135 + v69;
+    const int64_t v138 = v136 + v91;
+    const int64_t v139 = v133 + v69;
+    const int64_t v140 = v138 + v91;
+    const int64_t v141 = v137 + v69;
+    const int64_t v142 = v140 + v91;
+    const int64_t v143 = v68 * v69;
+    const int64_t v144 = v141 + v143;
+    const int64_t v145 = v68 * v69;
+    const int64_t v146 = v144 + v145;
+    const int64_t v147 = v68 * v69;
+    const int64_t v148 = v142 + v147;
+    const int64_t v149 = v68 * v69;
+    const int64_t v150 = v146 + v149;
+    const int64_t v151 = v150 + v69;
+    const int64_t v152 = v148 + v91;
+    const int64_t v153 = v152 + v91;
+    const int64_t v154 = v68 * v69;
+    const int64_t v155 = v153 + v154;
+    const int64_t v156 = v58 + v69;
+    const int64_t v157 = v156 + v69;
+    const int64_t v158 = v157 + v69;
+    const int64_t v159 = v158 + v69;
+    const int64_t v160 = v159 + v69;
+    const int64_t v161 = v160 + v80;
+    const int64_t v162 = v161 + v69;
+    const int64_t v163 = v162 + v69;
+    const int64_t v164 = v58 + v88;
+    const int64_t v165 = v164 + v91;
+    const int64_t v166 = v165 + v91;
+    const int64_t v167 = v166 + v91;
+    const int64_t v168 = v167 + v91;
+    const int64_t v169 = v168 + v91;
+    const int64_t v170 = v163 + v69;
+    const int64_t v171 = v170 + v69;
+    const int64_t v172 = v171 + v69;
+    const int64_t v173 = v172 + v69;
+    const int64_t v174 = v169 + v91;
+    const int64_t v175 = v174 + v91;
+    const int64_t v176 = v173 + v69;
+    const int64_t v177 = v54 - v175;
+    const int64_t v178 = (v177 > v58 ? v177 : v58);
+    const int64_t v179 = 1ll;
+    const int64_t v180 = (v176 > v179 ? v176 : v179);
+    const int64_t v181 = (v180 == 0 ? 0 : v178 / v180);
+    const int64_t v182 = (v60 == 0 ? 0 : v181 / v60);
+    const int64_t v183 = v182 * v60;
+    const int64_t v184 = (v57 > v179 ? v57 : v179);
+    const int64_t v185 = (v60 == 0 ? 0 : v184 / v60);
+    const int64_t v186 = v185 * v60;
+    const int64_t v187 = v184 - v186;
+    const bool v188 = v187 != v58;
+    const int64_t v189 = (int64_t)(v188);
+    const int64_t v190 = v185 + v189;
+    const int64_t v191 = v190 * v60;
+    const int64_t v192 = (v183 < v191 ? v183 : v191);
+    const bool v193 = v192 >= v60;
+    if (!(v193)) return opgen_fail(OPGEN_ERR_SHAPE, "rms_norm_backward: not even one 32-byte column tile fits the unified buffer");
+    tl->nbuf = v114;
+    tl->rows = v179;
+    tl->pitch = v192;
+    tl->chunk = v192;
+    const int64_t v194 = (v192 == 0 ? 0 : v57 / v192);
+    const int64_t v195 = v194 * v192;
+    const int64_t v196 = v57 - v195;
+    const bool v197 = v196 != v58;
+    const int64_t v198 = (int64_t)(v197);
+    const int64_t v199 = v194 + v198;
+    tl->chunks = v199;
+    const int64_t v200 = v176 * v192;
+    const int64_t v201 = v177 - v200;
+    const int64_t v202 = (v60 == 0 ? 0 : v201 / v60);
+    const int64_t v203 = (v80 == 0 ? 0 : v202 / v80);
+    const int64_t v204 = v203 * v80;
+    const int64_t v205 = (v57 > v179 ? v57 : v179);
+    const int64_t v206 = (v55 == 0 ? 0 : v205 / v55);
+    const int64_t v207 = v206 * v55;
+    const int64_t v208 = v205 - v207;
+    const bool v209 = v208 != v58;
+    const int64_t v210 = (int64_t)(v209);
+    const int64_t v211 = v206 + v210;
+    const int64_t v212 = (v80 == 0 ? 0 : v211 / v80);
+    const int64_t v213 = v212 * v80;
+    const int64_t v214 = v211 - v213;
+    const bool v215 = v214 != v58;
+    const int64_t v216 = (int64_t)(v215);
+    const int64_t v217 = v212 + v216;
+    const int64_t v218 = v217 * v80;
+    const int64_t v219 = 4096ll;
+    const int64_t v220 = (v218 < v219 ? v218 : v219);
+    const int64_t v221 = v204 + v80;
+    const int64_t v222 = (v220 < v221 ? v220 : v221);
+    tl->col_chunk = v222;
+    const bool v223 = v57 > v58;
+    const int64_t v224 = (v223 ? v56 : v58);
+    tl->tiles = v224;
+    tl->group = v179;
+    tl->groups = v224;
+    const int64_t v225 = v192 * v114;
+    tl->bytes_in1 = v225;
+    const int64_t v226 = v192 * v114;
+    tl->bytes_in2 = v226;
+    const int64_t v227 = v192 * v114;
+    tl->bytes_in3 = v227;
+    const int64_t v228 = v192 * v114;
+    tl->bytes_in4 = v228;
+    const int64_t v229 = v192 * v114;
+    tl->bytes_in5 = v229;
+    const int64_t v230 = v192 * v69;
+    tl->bytes_out1 = v230;
+    const int64_t v231 = v192 * v114;
+    tl->bytes_in6 = v231;
+    const int64_t v232 = v192 * v114;
+    tl->bytes_out2 = v232;
+    const int64_t v233 = v222 * v69;
+    tl->bytes_in7 = v233;
+    const int64_t v234 = v222 * v114;
+    tl->bytes_out3 = v234;
+    tl->bytes_calc1 = v91;
+    tl->bytes_calc2 = v91;
+    const int64_t v235 = v222 * v69;
+    tl->bytes_calc3 = v235;
+    tl->bytes_calc4 = v91;
+    const int64_t v236 = v192 * v69;
+    tl->bytes_calc5 = v236;
+    const int64_t v237 = v192 * v69;
+    tl->bytes_calc6 = v237;
+    const int64_t v238 = v192 * v69;
+    tl->bytes_calc7 = v238;
+    const int64_t v239 = v192 * v69;
+    tl->bytes_calc8 = v239;
+    tl->bytes_calc9 = v91;
+    tl->bytes_rdst = v91;
+    const int64_t v240 = v192 * v69;
+    tl->bytes_rwork = v240;
+    const int64_t v241 = cores;
+    const int64_t v242 = d_D;
+    const int64_t v243 = (v222 == 0 ? 0 : v242 / v222);
+    const int64_t v244 = v243 * v222;
+    const int64_t v245 = v242 - v244;
+    const int64_t v246 = 0ll;
+    const bool v247 = v245 != v246;
+    const int64_t v248 = (int64_t)(v247);
+    const int64_t v249 = v243 + v248;
+    tl->col_chunks = v249;
+    const int64_t v250 = (v224 > v249 ? v224 : v249);
+    const int64_t v251 = (v241 < v250 ? v241 : v250);
+    const int64_t v252 = 1ll;
+    const int64_t v253 = (v251 > v252 ? v251 : v252);
+    tl->block_dim = v253;
+    const int64_t v254 = 512ll;
+    const int64_t v255 = 4ll;
+    const int64_t v256 = 4611686018427387904ll;
+    const int64_t v257 = 1ll;
+    const int64_t v258 = (v224 > v257 ? v224 : v257);
+    const int64_t v259 = (v258 == 0 ? 0 : v256 / v258);
+    const bool v260 = v255 <= v259;
+    if (!(v260)) return opgen_fail(OPGEN_ERR_SHAPE, "rms_norm_backward: the workspace would not fit in 64 bits");
+    const int64_t v261 = v255 * v224;
+    const int64_t v262 = d_D;
+    const int64_t v263 = (v262 > v257 ? v262 : v257);
+    const int64_t v264 = (v263 == 0 ? 0 : v256 / v263);
+    const bool v265 = v261 <= v264;
+    if (!(v265)) return opgen_fail(OPGEN_ERR_SHAPE, "rms_norm_backward: the workspace would not fit in 64 bits");
+    const int64_t v266 = v261 * v262;
+    tl->partials0 = v254;
+    const int64_t v267 = 64ll;
+    const int64_t v268 = (v267 == 0 ? 0 : v266 / v267);
+    const int64_t v269 = v268 * v267;
+    const int64_t v270 = v266 - v269;
+    const int64_t v271 = 0ll;
+    const bool v272 = v270 != v271;
+    const int64_t v273 = (int64_t)(v272);
+    const int64_t v274 = v268 + v273;
+    const int64_t v275 = v274 * v267;
+    const int64_t v276 = v254 + v275;
+    tl->ws_bytes = v276;
+    (void)dims; (void)sc; (void)cores; (void)ub_bytes;
+    return OPGEN_SUCCESS;
+}
+
+static opgen_status_t k_rms_norm_backward_bf16_streamed_launch(const opgen_buf_t *bufs, const k_rms_norm_backward_bf16_streamed_tiling_t *tl, char *ws, void *stream) {
+    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
+        return opgen_fail(OPGEN_ERR_INTERNAL, "k_rms_norm_backward_bf16_streamed: cannot copy the tiling data");
+    ACLRT_LAUNCH_KERNEL(k_rms_norm_backward_bf16_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[4].data, bufs[5].data, ws, ws);
+    return opgen_ascendc_launched("k_rms_norm_backward_bf16_streamed");
+}
+
 static size_t h_k_rms_norm_backward_bf16_ws(const int64_t *dims) {
-    k_rms_norm_backward_bf16_tiling_t tl;
     opgen_scalar_t sc[OPGEN_MAX_PARAMS];
     memset(sc, 0, sizeof sc); /* the sizes never depend on scalar values */
-    if (k_rms_norm_backward_bf16_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) != OPGEN_SUCCESS)
-        return 512; /* the pre-check reports why */
-    return (size_t)tl.ws_bytes;
+    {
+        k_rms_norm_backward_bf16_tiling_t tl;
+        if (k_rms_norm_backward_bf16_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
+    }
+    {
+        k_rms_norm_backward_bf16_streamed_tiling_t tl;
+        if (k_rms_norm_backward_bf16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
+    }
+    return 512; /* the pre-check reports why */
 }
 static opgen_status_t h_k_rms_norm_backward_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
-    k_rms_norm_backward_bf16_tiling_t tl;
+    opgen_status_t st = OPGEN_ERR_INTERNAL;
     (void)bufs;
-    return k_rms_norm_backward_bf16_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
+    {
+        k_rms_norm_backward_bf16_tiling_t tl;
+        st = k_rms_norm_backward_bf16_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
+        if (st == OPGEN_SUCCESS) return st;
+    }
+    {
+        k_rms_norm_backward_bf16_streamed_tiling_t tl;
+        st = k_rms_norm_backward_bf16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
+        if (st == OPGEN_SUCCESS) return st;
+    }
+    return st;
 }
 static opgen_status_t h_k_rms_norm_backward_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws, void *stream) {
-    k_rms_norm_backward_bf16_tiling_t tl;
-    opgen_status_t st = k_rms_norm_backward_bf16_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
-    if (st != OPGEN_SUCCESS) return st;
-    if (aclrtMemcpy(ws, sizeof tl, &tl, sizeof tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_rms_norm_backward_bf16: cannot copy the tiling data");
-    ACLRT_LAUNCH_KERNEL(k_rms_norm_backward_bf16)((uint32_t)tl.block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[4].data, bufs[5].data, ws, ws);
-    return opgen_ascendc_launched("k_rms_norm_backward_bf16");
+    opgen_status_t st = OPGEN_ERR_INTERNAL;
+    {
+        k_rms_norm_backward_bf16_tiling_t tl;
+        st = k_rms_norm_backward_bf16_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
+        if (st == OPGEN_SUCCESS) return k_rms_norm_backward_bf16_launch(bufs, &tl, ws, stream);
+    }
+    {
+        k_rms_norm_backward_bf16_streamed_tiling_t tl;
+        st = k_rms_norm_backward_bf16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);
+        if (st == OPGEN_SUCCESS) return k_rms_norm_backward_bf16_streamed_launch(bufs, &tl, ws, stream);
+    }
+    return st;
 }
 
 static const opgen_param_t P_rms_norm_backward[] = {

@@ -168,7 +168,7 @@ extern "C" __global__ __aicore__ void k_rms_norm_backward_f16(GM_ADDR p_grad_y, 
             q_out1.FreeTensor(o35);
         }
         LocalTensor<float> o36 = q_out2.AllocTensor<float>();
-        DataCopy(o36, calc1, (int32_t)tl.pitch);
+        DataCopy(o36, calc1, (uint32_t)(int32_t)tl.pitch);
         q_out2.EnQue(o36);
         o36 = q_out2.DeQue<float>();
         DataCopyPad(w13[t14 * d_D + v8], o36, DataCopyExtParams{(uint16_t)v9, (uint32_t)(v7 * sizeof(float)), (uint32_t)((tl.pitch * sizeof(float) - ((v7 * sizeof(float) + 31) / 32 * 32)) / 32), (uint32_t)((d_D - v7) * sizeof(float)), 0});
@@ -196,6 +196,226 @@ extern "C" __global__ __aicore__ void k_rms_norm_backward_f16(GM_ADDR p_grad_y, 
         o45 = q_out3.DeQue<half>();
         DataCopyPad(g_grad_w[v8 + v40], o45, DataCopyExtParams{1, (uint32_t)(v42 * sizeof(half)), 0, 0, 0});
         q_out3.FreeTensor(o45);
+    }
+}
+
+extern "C" __global__ __aicore__ void k_rms_norm_backward_f16_streamed(GM_ADDR p_grad_y, GM_ADDR p_x, GM_ADDR p_w, GM_ADDR p_grad_x, GM_ADDR p_grad_w, GM_ADDR p_workspace, GM_ADDR tiling)
+{
+    k_rms_norm_backward_f16_streamed_tiling_t tl;
+    opgen_load_tiling(&tl, tiling, sizeof tl);
+    const int64_t d_N = tl.dims[0]; (void)d_N;
+    const int64_t d_D = tl.dims[1]; (void)d_D;
+    GlobalTensor<half> g_grad_y;
+    g_grad_y.SetGlobalBuffer((__gm__ half *)p_grad_y, (uint64_t)d_N * (uint64_t)d_D);
+    GlobalTensor<half> g_x;
+    g_x.SetGlobalBuffer((__gm__ half *)p_x, (uint64_t)d_N * (uint64_t)d_D);
+    GlobalTensor<half> g_w;
+    g_w.SetGlobalBuffer((__gm__ half *)p_w, (uint64_t)d_D);
+    const float p_eps = tl.p_eps; (void)p_eps;
+    GlobalTensor<half> g_grad_x;
+    g_grad_x.SetGlobalBuffer((__gm__ half *)p_grad_x, (uint64_t)d_N * (uint64_t)d_D);
+    GlobalTensor<half> g_grad_w;
+    g_grad_w.SetGlobalBuffer((__gm__ half *)p_grad_w, (uint64_t)d_D);
+    TPipe pipe;
+    TQue<TPosition::VECIN, 2> q_in1;
+    pipe.InitBuffer(q_in1, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in1);
+    TQue<TPosition::VECIN, 2> q_in2;
+    pipe.InitBuffer(q_in2, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in2);
+    TQue<TPosition::VECIN, 2> q_in3;
+    pipe.InitBuffer(q_in3, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in3);
+    TQue<TPosition::VECIN, 2> q_in4;
+    pipe.InitBuffer(q_in4, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in4);
+    TQue<TPosition::VECIN, 2> q_in5;
+    pipe.InitBuffer(q_in5, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in5);
+    TQue<TPosition::VECOUT, 2> q_out1;
+    pipe.InitBuffer(q_out1, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_out1);
+    TQue<TPosition::VECIN, 2> q_in6;
+    pipe.InitBuffer(q_in6, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in6);
+    TQue<TPosition::VECOUT, 2> q_out2;
+    pipe.InitBuffer(q_out2, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_out2);
+    TQue<TPosition::VECIN, 2> q_in7;
+    pipe.InitBuffer(q_in7, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in7);
+    TQue<TPosition::VECOUT, 2> q_out3;
+    pipe.InitBuffer(q_out3, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_out3);
+    TBuf<TPosition::VECCALC> b_calc1;
+    pipe.InitBuffer(b_calc1, (uint32_t)tl.bytes_calc1);
+    LocalTensor<float> calc1 = b_calc1.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc2;
+    pipe.InitBuffer(b_calc2, (uint32_t)tl.bytes_calc2);
+    LocalTensor<float> calc2 = b_calc2.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc3;
+    pipe.InitBuffer(b_calc3, (uint32_t)tl.bytes_calc3);
+    LocalTensor<float> calc3 = b_calc3.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc4;
+    pipe.InitBuffer(b_calc4, (uint32_t)tl.bytes_calc4);
+    LocalTensor<float> calc4 = b_calc4.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc5;
+    pipe.InitBuffer(b_calc5, (uint32_t)tl.bytes_calc5);
+    LocalTensor<float> calc5 = b_calc5.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc6;
+    pipe.InitBuffer(b_calc6, (uint32_t)tl.bytes_calc6);
+    LocalTensor<float> calc6 = b_calc6.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc7;
+    pipe.InitBuffer(b_calc7, (uint32_t)tl.bytes_calc7);
+    LocalTensor<float> calc7 = b_calc7.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc8;
+    pipe.InitBuffer(b_calc8, (uint32_t)tl.bytes_calc8);
+    LocalTensor<float> calc8 = b_calc8.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc9;
+    pipe.InitBuffer(b_calc9, (uint32_t)tl.bytes_calc9);
+    LocalTensor<float> calc9 = b_calc9.Get<float>();
+    TBuf<TPosition::VECCALC> b_rdst;
+    pipe.InitBuffer(b_rdst, (uint32_t)tl.bytes_rdst);
+    LocalTensor<float> rdst = b_rdst.Get<float>();
+    TBuf<TPosition::VECCALC> b_rwork;
+    pipe.InitBuffer(b_rwork, (uint32_t)tl.bytes_rwork);
+    LocalTensor<float> rwork = b_rwork.Get<float>();
+    const int64_t v1 = tl.rows;
+    const int64_t v2 = tl.tiles;
+    const int64_t v3 = tl.chunk;
+    const int64_t v4 = tl.chunks;
+    const int64_t v5 = (int64_t)GetBlockIdx();
+    const int64_t v6 = (int64_t)GetBlockNum();
+    const int64_t v7 = d_D;
+    const int64_t v8 = 0ll;
+    const int64_t v9 = 1ll;
+    const float v10 = 0.0f;
+    const float v11 = (float)(v7);
+    GlobalTensor<float> w12;
+    w12.SetGlobalBuffer((__gm__ float *)(p_workspace + tl.partials0), (uint64_t)tl.groups * (uint64_t)d_D);
+    for (int64_t t13 = v5; t13 < v2; t13 += v6) {
+        const int64_t v14 = t13 * v1;
+        const int64_t v15 = d_N;
+        const int64_t v16 = v15 - v14;
+        const int64_t v17 = (v16 < v1 ? v16 : v1);
+        Duplicate(calc4, v10, (int32_t)tl.rows);
+        DataCopy(calc1, calc4, (uint32_t)((tl.rows * sizeof(float) + 31) / 32 * 32 / sizeof(float)));
+        DataCopy(calc2, calc4, (uint32_t)((tl.rows * sizeof(float) + 31) / 32 * 32 / sizeof(float)));
+        for (int64_t t18 = v8; t18 < v4; t18 += v9) {
+            const int64_t v19 = t18 * v3;
+            const int64_t v20 = v7 - v19;
+            const int64_t v21 = (v20 < v3 ? v20 : v3);
+            LocalTensor<half> x22 = q_in1.AllocTensor<half>();
+            DataCopyPad(x22, g_x[v14 * d_D + v19], DataCopyExtParams{(uint16_t)v17, (uint32_t)(v21 * sizeof(half)), (uint32_t)((d_D - v21) * sizeof(half)), (uint32_t)((tl.pitch * sizeof(half) - ((v21 * sizeof(half) + 31) / 32 * 32)) / 32), 0}, DataCopyPadExtParams<half>{false, 0, 0, (half)0});
+            q_in1.EnQue(x22);
+            x22 = q_in1.DeQue<half>();
+            Cast(calc5, x22, RoundMode::CAST_NONE, (int32_t)(tl.rows * tl.pitch));
+            q_in1.FreeTensor(x22);
+            Mul(calc6, calc5, calc5, (int32_t)(tl.rows * tl.pitch));
+            for (int64_t r23 = 0; r23 < tl.rows; r23++) {
+                ReduceSum(rdst, calc6[r23 * tl.pitch], rwork, (int32_t)v21);
+                PipeBarrier<PIPE_ALL>(); /* the scalar read of the result */
+                calc4.SetValue(r23, rdst.GetValue(0));
+            }
+            PipeBarrier<PIPE_ALL>(); /* scalar writes before vector reads */
+            Add(calc1, calc1, calc4, (int32_t)tl.rows);
+            LocalTensor<half> x24 = q_in2.AllocTensor<half>();
+            DataCopyPad(x24, g_grad_y[v14 * d_D + v19], DataCopyExtParams{(uint16_t)v17, (uint32_t)(v21 * sizeof(half)), (uint32_t)((d_D - v21) * sizeof(half)), (uint32_t)((tl.pitch * sizeof(half) - ((v21 * sizeof(half) + 31) / 32 * 32)) / 32), 0}, DataCopyPadExtParams<half>{false, 0, 0, (half)0});
+            q_in2.EnQue(x24);
+            x24 = q_in2.DeQue<half>();
+            Cast(calc6, x24, RoundMode::CAST_NONE, (int32_t)(tl.rows * tl.pitch));
+            q_in2.FreeTensor(x24);
+            LocalTensor<half> x25 = q_in3.AllocTensor<half>();
+            DataCopyPad(x25, g_w[v8 + v19], DataCopyExtParams{1, (uint32_t)(v21 * sizeof(half)), 0, 0, 0}, DataCopyPadExtParams<half>{false, 0, 0, (half)0});
+            q_in3.EnQue(x25);
+            x25 = q_in3.DeQue<half>();
+            Cast(calc7, x25, RoundMode::CAST_NONE, (int32_t)tl.pitch);
+            q_in3.FreeTensor(x25);
+            for (int64_t r26 = 0; r26 < tl.rows; r26++) Mul(calc6[r26 * tl.pitch], calc6[r26 * tl.pitch], calc7, (int32_t)tl.pitch);
+            Mul(calc5, calc6, calc5, (int32_t)(tl.rows * tl.pitch));
+            for (int64_t r27 = 0; r27 < tl.rows; r27++) {
+                ReduceSum(rdst, calc5[r27 * tl.pitch], rwork, (int32_t)v21);
+                PipeBarrier<PIPE_ALL>(); /* the scalar read of the result */
+                calc4.SetValue(r27, rdst.GetValue(0));
+            }
+            PipeBarrier<PIPE_ALL>(); /* scalar writes before vector reads */
+            Add(calc2, calc2, calc4, (int32_t)tl.rows);
+        }
+        for (int64_t t28 = v8; t28 < v4; t28 += v9) {
+            const int64_t v29 = t28 * v3;
+            const int64_t v30 = v7 - v29;
+            const int64_t v31 = (v30 < v3 ? v30 : v3);
+            LocalTensor<half> x32 = q_in4.AllocTensor<half>();
+            DataCopyPad(x32, g_grad_y[v14 * d_D + v29], DataCopyExtParams{(uint16_t)v17, (uint32_t)(v31 * sizeof(half)), (uint32_t)((d_D - v31) * sizeof(half)), (uint32_t)((tl.pitch * sizeof(half) - ((v31 * sizeof(half) + 31) / 32 * 32)) / 32), 0}, DataCopyPadExtParams<half>{false, 0, 0, (half)0});
+            q_in4.EnQue(x32);
+            x32 = q_in4.DeQue<half>();
+            Cast(calc5, x32, RoundMode::CAST_NONE, (int32_t)(tl.rows * tl.pitch));
+            q_in4.FreeTensor(x32);
+            LocalTensor<half> x33 = q_in5.AllocTensor<half>();
+            DataCopyPad(x33, g_x[v14 * d_D + v29], DataCopyExtParams{(uint16_t)v17, (uint32_t)(v31 * sizeof(half)), (uint32_t)((d_D - v31) * sizeof(half)), (uint32_t)((tl.pitch * sizeof(half) - ((v31 * sizeof(half) + 31) / 32 * 32)) / 32), 0}, DataCopyPadExtParams<half>{false, 0, 0, (half)0});
+            q_in5.EnQue(x33);
+            x33 = q_in5.DeQue<half>();
+            Cast(calc6, x33, RoundMode::CAST_NONE, (int32_t)(tl.rows * tl.pitch));
+            q_in5.FreeTensor(x33);
+            Mul(calc8, calc5, calc6, (int32_t)(tl.rows * tl.pitch));
+            Duplicate(calc4, v11, (int32_t)tl.rows);
+            Div(calc9, calc1, calc4, (int32_t)tl.rows);
+            Adds(calc9, calc9, p_eps, (int32_t)tl.rows);
+            Rsqrt(calc9, calc9, (int32_t)tl.rows);
+            PipeBarrier<PIPE_ALL>(); /* scalar reads of vector results */
+            for (int64_t r34 = 0; r34 < tl.rows; r34++) {
+                const float s35 = calc9.GetValue(r34);
+                Muls(calc8[r34 * tl.pitch], calc8[r34 * tl.pitch], s35, (int32_t)tl.pitch);
+            }
+            LocalTensor<float> o36 = q_out1.AllocTensor<float>();
+            DataCopy(o36, calc8, (uint32_t)tl.pitch);
+            for (int64_t r37 = 1; r37 < v17; r37++) Add(o36, o36, calc8[r37 * tl.pitch], (int32_t)tl.pitch);
+            q_out1.EnQue(o36);
+            o36 = q_out1.DeQue<float>();
+            DataCopyPad(w12[t13 * d_D + v29], o36, DataCopyExtParams{(uint16_t)v9, (uint32_t)(v31 * sizeof(float)), (uint32_t)((tl.pitch * sizeof(float) - ((v31 * sizeof(float) + 31) / 32 * 32)) / 32), (uint32_t)((d_D - v31) * sizeof(float)), 0});
+            q_out1.FreeTensor(o36);
+            LocalTensor<half> x38 = q_in6.AllocTensor<half>();
+            DataCopyPad(x38, g_w[v8 + v29], DataCopyExtParams{1, (uint32_t)(v31 * sizeof(half)), 0, 0, 0}, DataCopyPadExtParams<half>{false, 0, 0, (half)0});
+            q_in6.EnQue(x38);
+            x38 = q_in6.DeQue<half>();
+            Cast(calc7, x38, RoundMode::CAST_NONE, (int32_t)tl.pitch);
+            q_in6.FreeTensor(x38);
+            for (int64_t r39 = 0; r39 < tl.rows; r39++) Mul(calc5[r39 * tl.pitch], calc5[r39 * tl.pitch], calc7, (int32_t)tl.pitch);
+            PipeBarrier<PIPE_ALL>(); /* scalar reads of vector results */
+            for (int64_t r40 = 0; r40 < tl.rows; r40++) {
+                const float s41 = calc9.GetValue(r40);
+                Muls(calc5[r40 * tl.pitch], calc5[r40 * tl.pitch], s41, (int32_t)tl.pitch);
+            }
+            Div(calc4, calc2, calc4, (int32_t)tl.rows);
+            Mul(calc4, calc4, calc9, (int32_t)tl.rows);
+            Mul(calc4, calc4, calc9, (int32_t)tl.rows);
+            Mul(calc4, calc4, calc9, (int32_t)tl.rows);
+            PipeBarrier<PIPE_ALL>(); /* scalar reads of vector results */
+            for (int64_t r42 = 0; r42 < tl.rows; r42++) {
+                const float s43 = calc4.GetValue(r42);
+                Muls(calc6[r42 * tl.pitch], calc6[r42 * tl.pitch], s43, (int32_t)tl.pitch);
+            }
+            Sub(calc5, calc5, calc6, (int32_t)(tl.rows * tl.pitch));
+            LocalTensor<half> o44 = q_out2.AllocTensor<half>();
+            Cast(o44, calc5, RoundMode::CAST_RINT, (int32_t)(tl.rows * tl.pitch));
+            q_out2.EnQue(o44);
+            o44 = q_out2.DeQue<half>();
+            DataCopyPad(g_grad_x[v14 * d_D + v29], o44, DataCopyExtParams{(uint16_t)v17, (uint32_t)(v31 * sizeof(half)), (uint32_t)((tl.pitch * sizeof(half) - ((v31 * sizeof(half) + 31) / 32 * 32)) / 32), (uint32_t)((d_D - v31) * sizeof(half)), 0});
+            q_out2.FreeTensor(o44);
+        }
+    }
+    SyncAll();
+    const int64_t v45 = tl.col_chunk;
+    const int64_t v46 = tl.col_chunks;
+    for (int64_t t47 = v5; t47 < v46; t47 += v6) {
+        const int64_t v48 = t47 * v45;
+        const int64_t v49 = v7 - v48;
+        const int64_t v50 = (v49 < v45 ? v49 : v45);
+        Duplicate(calc3, v10, (int32_t)tl.col_chunk);
+        for (int64_t t51 = v8; t51 < v2; t51 += v9) {
+            LocalTensor<float> x52 = q_in7.AllocTensor<float>();
+            DataCopyPad(x52, w12[t51 * d_D + v48], DataCopyExtParams{(uint16_t)v9, (uint32_t)(v50 * sizeof(float)), (uint32_t)((d_D - v50) * sizeof(float)), (uint32_t)((tl.col_chunk * sizeof(float) - ((v50 * sizeof(float) + 31) / 32 * 32)) / 32), 0}, DataCopyPadExtParams<float>{false, 0, 0, (float)0});
+            q_in7.EnQue(x52);
+            x52 = q_in7.DeQue<float>();
+            Add(calc3, calc3, x52, (int32_t)tl.col_chunk);
+            q_in7.FreeTensor(x52);
+        }
+        LocalTensor<half> o53 = q_out3.AllocTensor<half>();
+        Cast(o53, calc3, RoundMode::CAST_RINT, (int32_t)tl.col_chunk);
+        q_out3.EnQue(o53);
+        o53 = q_out3.DeQue<half>();
+        DataCopyPad(g_grad_w[v8 + v48], o53, DataCopyExtParams{1, (uint32_t)(v50 * sizeof(half)), 0, 0, 0});
+        q_out3.FreeTensor(o53);
     }
 }
 
@@ -348,7 +568,7 @@ extern "C" __global__ __aicore__ void k_rms_norm_backward_f32(GM_ADDR p_grad_y, 
             q_out1.FreeTensor(o35);
         }
         LocalTensor<float> o36 = q_out2.AllocTensor<float>();
-        DataCopy(o36, calc1, (int32_t)tl.pitch);
+        DataCopy(o36, calc1, (uint32_t)(int32_t)tl.pitch);
         q_out2.EnQue(o36);
         o36 = q_out2.DeQue<float>();
         DataCopyPad(w13[t14 * d_D + v8], o36, DataCopyExtParams{(uint16_t)v9, (uint32_t)(v7 * sizeof(float)), (uint32_t)((tl.pitch * sizeof(float) - ((v7 * sizeof(float) + 31) / 32 * 32)) / 32), (uint32_t)((d_D - v7) * sizeof(float)), 0});
@@ -372,11 +592,218 @@ extern "C" __global__ __aicore__ void k_rms_norm_backward_f32(GM_ADDR p_grad_y, 
             q_in4.FreeTensor(x44);
         }
         LocalTensor<float> o45 = q_out3.AllocTensor<float>();
-        DataCopy(o45, calc2, (int32_t)tl.col_chunk);
+        DataCopy(o45, calc2, (uint32_t)(int32_t)tl.col_chunk);
         q_out3.EnQue(o45);
         o45 = q_out3.DeQue<float>();
         DataCopyPad(g_grad_w[v8 + v40], o45, DataCopyExtParams{1, (uint32_t)(v42 * sizeof(float)), 0, 0, 0});
         q_out3.FreeTensor(o45);
+    }
+}
+
+extern "C" __global__ __aicore__ void k_rms_norm_backward_f32_streamed(GM_ADDR p_grad_y, GM_ADDR p_x, GM_ADDR p_w, GM_ADDR p_grad_x, GM_ADDR p_grad_w, GM_ADDR p_workspace, GM_ADDR tiling)
+{
+    k_rms_norm_backward_f32_streamed_tiling_t tl;
+    opgen_load_tiling(&tl, tiling, sizeof tl);
+    const int64_t d_N = tl.dims[0]; (void)d_N;
+    const int64_t d_D = tl.dims[1]; (void)d_D;
+    GlobalTensor<float> g_grad_y;
+    g_grad_y.SetGlobalBuffer((__gm__ float *)p_grad_y, (uint64_t)d_N * (uint64_t)d_D);
+    GlobalTensor<float> g_x;
+    g_x.SetGlobalBuffer((__gm__ float *)p_x, (uint64_t)d_N * (uint64_t)d_D);
+    GlobalTensor<float> g_w;
+    g_w.SetGlobalBuffer((__gm__ float *)p_w, (uint64_t)d_D);
+    const float p_eps = tl.p_eps; (void)p_eps;
+    GlobalTensor<float> g_grad_x;
+    g_grad_x.SetGlobalBuffer((__gm__ float *)p_grad_x, (uint64_t)d_N * (uint64_t)d_D);
+    GlobalTensor<float> g_grad_w;
+    g_grad_w.SetGlobalBuffer((__gm__ float *)p_grad_w, (uint64_t)d_D);
+    TPipe pipe;
+    TQue<TPosition::VECIN, 2> q_in1;
+    pipe.InitBuffer(q_in1, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in1);
+    TQue<TPosition::VECIN, 2> q_in2;
+    pipe.InitBuffer(q_in2, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in2);
+    TQue<TPosition::VECIN, 2> q_in3;
+    pipe.InitBuffer(q_in3, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in3);
+    TQue<TPosition::VECIN, 2> q_in4;
+    pipe.InitBuffer(q_in4, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in4);
+    TQue<TPosition::VECIN, 2> q_in5;
+    pipe.InitBuffer(q_in5, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in5);
+    TQue<TPosition::VECOUT, 2> q_out1;
+    pipe.InitBuffer(q_out1, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_out1);
+    TQue<TPosition::VECIN, 2> q_in6;
+    pipe.InitBuffer(q_in6, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in6);
+    TQue<TPosition::VECOUT, 2> q_out2;
+    pipe.InitBuffer(q_out2, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_out2);
+    TQue<TPosition::VECIN, 2> q_in7;
+    pipe.InitBuffer(q_in7, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in7);
+    TQue<TPosition::VECOUT, 2> q_out3;
+    pipe.InitBuffer(q_out3, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_out3);
+    TBuf<TPosition::VECCALC> b_calc1;
+    pipe.InitBuffer(b_calc1, (uint32_t)tl.bytes_calc1);
+    LocalTensor<float> calc1 = b_calc1.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc2;
+    pipe.InitBuffer(b_calc2, (uint32_t)tl.bytes_calc2);
+    LocalTensor<float> calc2 = b_calc2.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc3;
+    pipe.InitBuffer(b_calc3, (uint32_t)tl.bytes_calc3);
+    LocalTensor<float> calc3 = b_calc3.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc4;
+    pipe.InitBuffer(b_calc4, (uint32_t)tl.bytes_calc4);
+    LocalTensor<float> calc4 = b_calc4.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc5;
+    pipe.InitBuffer(b_calc5, (uint32_t)tl.bytes_calc5);
+    LocalTensor<float> calc5 = b_calc5.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc6;
+    pipe.InitBuffer(b_calc6, (uint32_t)tl.bytes_calc6);
+    LocalTensor<float> calc6 = b_calc6.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc7;
+    pipe.InitBuffer(b_calc7, (uint32_t)tl.bytes_calc7);
+    LocalTensor<float> calc7 = b_calc7.Get<float>();
+    TBuf<TPosition::VECCALC> b_rdst;
+    pipe.InitBuffer(b_rdst, (uint32_t)tl.bytes_rdst);
+    LocalTensor<float> rdst = b_rdst.Get<float>();
+    TBuf<TPosition::VECCALC> b_rwork;
+    pipe.InitBuffer(b_rwork, (uint32_t)tl.bytes_rwork);
+    LocalTensor<float> rwork = b_rwork.Get<float>();
+    const int64_t v1 = tl.rows;
+    const int64_t v2 = tl.tiles;
+    const int64_t v3 = tl.chunk;
+    const int64_t v4 = tl.chunks;
+    const int64_t v5 = (int64_t)GetBlockIdx();
+    const int64_t v6 = (int64_t)GetBlockNum();
+    const int64_t v7 = d_D;
+    const int64_t v8 = 0ll;
+    const int64_t v9 = 1ll;
+    const float v10 = 0.0f;
+    const float v11 = (float)(v7);
+    GlobalTensor<float> w12;
+    w12.SetGlobalBuffer((__gm__ float *)(p_workspace + tl.partials0), (uint64_t)tl.groups * (uint64_t)d_D);
+    for (int64_t t13 = v5; t13 < v2; t13 += v6) {
+        const int64_t v14 = t13 * v1;
+        const int64_t v15 = d_N;
+        const int64_t v16 = v15 - v14;
+        const int64_t v17 = (v16 < v1 ? v16 : v1);
+        Duplicate(calc4, v10, (int32_t)tl.rows);
+        DataCopy(calc1, calc4, (uint32_t)((tl.rows * sizeof(float) + 31) / 32 * 32 / sizeof(float)));
+        DataCopy(calc2, calc4, (uint32_t)((tl.rows * sizeof(float) + 31) / 32 * 32 / sizeof(float)));
+        for (int64_t t18 = v8; t18 < v4; t18 += v9) {
+            const int64_t v19 = t18 * v3;
+            const int64_t v20 = v7 - v19;
+            const int64_t v21 = (v20 < v3 ? v20 : v3);
+            LocalTensor<float> x22 = q_in1.AllocTensor<float>();
+            DataCopyPad(x22, g_x[v14 * d_D + v19], DataCopyExtParams{(uint16_t)v17, (uint32_t)(v21 * sizeof(float)), (uint32_t)((d_D - v21) * sizeof(float)), (uint32_t)((tl.pitch * sizeof(float) - ((v21 * sizeof(float) + 31) / 32 * 32)) / 32), 0}, DataCopyPadExtParams<float>{false, 0, 0, (float)0});
+            q_in1.EnQue(x22);
+            x22 = q_in1.DeQue<float>();
+            Mul(calc5, x22, x22, (int32_t)(tl.rows * tl.pitch));
+            for (int64_t r23 = 0; r23 < tl.rows; r23++) {
+                ReduceSum(rdst, calc5[r23 * tl.pitch], rwork, (int32_t)v21);
+                PipeBarrier<PIPE_ALL>(); /* the scalar read of the result */
+                calc4.SetValue(r23, rdst.GetValue(0));
+            }
+            PipeBarrier<PIPE_ALL>(); /* scalar writes before vector reads */
+            Add(calc1, calc1, calc4, (int32_t)tl.rows);
+            LocalTensor<float> x24 = q_in2.AllocTensor<float>();
+            DataCopyPad(x24, g_grad_y[v14 * d_D + v19], DataCopyExtParams{(uint16_t)v17, (uint32_t)(v21 * sizeof(float)), (uint32_t)((d_D - v21) * sizeof(float)), (uint32_t)((tl.pitch * sizeof(float) - ((v21 * sizeof(float) + 31) / 32 * 32)) / 32), 0}, DataCopyPadExtParams<float>{false, 0, 0, (float)0});
+            q_in2.EnQue(x24);
+            x24 = q_in2.DeQue<float>();
+            LocalTensor<float> x25 = q_in3.AllocTensor<float>();
+            DataCopyPad(x25, g_w[v8 + v19], DataCopyExtParams{1, (uint32_t)(v21 * sizeof(float)), 0, 0, 0}, DataCopyPadExtParams<float>{false, 0, 0, (float)0});
+            q_in3.EnQue(x25);
+            x25 = q_in3.DeQue<float>();
+            for (int64_t r26 = 0; r26 < tl.rows; r26++) Mul(calc5[r26 * tl.pitch], x24[r26 * tl.pitch], x25, (int32_t)tl.pitch);
+            q_in3.FreeTensor(x25);
+            q_in2.FreeTensor(x24);
+            Mul(calc5, calc5, x22, (int32_t)(tl.rows * tl.pitch));
+            q_in1.FreeTensor(x22);
+            for (int64_t r27 = 0; r27 < tl.rows; r27++) {
+                ReduceSum(rdst, calc5[r27 * tl.pitch], rwork, (int32_t)v21);
+                PipeBarrier<PIPE_ALL>(); /* the scalar read of the result */
+                calc4.SetValue(r27, rdst.GetValue(0));
+            }
+            PipeBarrier<PIPE_ALL>(); /* scalar writes before vector reads */
+            Add(calc2, calc2, calc4, (int32_t)tl.rows);
+        }
+        for (int64_t t28 = v8; t28 < v4; t28 += v9) {
+            const int64_t v29 = t28 * v3;
+            const int64_t v30 = v7 - v29;
+            const int64_t v31 = (v30 < v3 ? v30 : v3);
+            LocalTensor<float> x32 = q_in4.AllocTensor<float>();
+            DataCopyPad(x32, g_grad_y[v14 * d_D + v29], DataCopyExtParams{(uint16_t)v17, (uint32_t)(v31 * sizeof(float)), (uint32_t)((d_D - v31) * sizeof(float)), (uint32_t)((tl.pitch * sizeof(float) - ((v31 * sizeof(float) + 31) / 32 * 32)) / 32), 0}, DataCopyPadExtParams<float>{false, 0, 0, (float)0});
+            q_in4.EnQue(x32);
+            x32 = q_in4.DeQue<float>();
+            LocalTensor<float> x33 = q_in5.AllocTensor<float>();
+            DataCopyPad(x33, g_x[v14 * d_D + v29], DataCopyExtParams{(uint16_t)v17, (uint32_t)(v31 * sizeof(float)), (uint32_t)((d_D - v31) * sizeof(float)), (uint32_t)((tl.pitch * sizeof(float) - ((v31 * sizeof(float) + 31) / 32 * 32)) / 32), 0}, DataCopyPadExtParams<float>{false, 0, 0, (float)0});
+            q_in5.EnQue(x33);
+            x33 = q_in5.DeQue<float>();
+            Mul(calc5, x32, x33, (int32_t)(tl.rows * tl.pitch));
+            Duplicate(calc4, v11, (int32_t)tl.rows);
+            Div(calc6, calc1, calc4, (int32_t)tl.rows);
+            Adds(calc6, calc6, p_eps, (int32_t)tl.rows);
+            Rsqrt(calc6, calc6, (int32_t)tl.rows);
+            PipeBarrier<PIPE_ALL>(); /* scalar reads of vector results */
+            for (int64_t r34 = 0; r34 < tl.rows; r34++) {
+                const float s35 = calc6.GetValue(r34);
+                Muls(calc5[r34 * tl.pitch], calc5[r34 * tl.pitch], s35, (int32_t)tl.pitch);
+            }
+            LocalTensor<float> o36 = q_out1.AllocTensor<float>();
+            DataCopy(o36, calc5, (uint32_t)tl.pitch);
+            for (int64_t r37 = 1; r37 < v17; r37++) Add(o36, o36, calc5[r37 * tl.pitch], (int32_t)tl.pitch);
+            q_out1.EnQue(o36);
+            o36 = q_out1.DeQue<float>();
+            DataCopyPad(w12[t13 * d_D + v29], o36, DataCopyExtParams{(uint16_t)v9, (uint32_t)(v31 * sizeof(float)), (uint32_t)((tl.pitch * sizeof(float) - ((v31 * sizeof(float) + 31) / 32 * 32)) / 32), (uint32_t)((d_D - v31) * sizeof(float)), 0});
+            q_out1.FreeTensor(o36);
+            LocalTensor<float> x38 = q_in6.AllocTensor<float>();
+            DataCopyPad(x38, g_w[v8 + v29], DataCopyExtParams{1, (uint32_t)(v31 * sizeof(float)), 0, 0, 0}, DataCopyPadExtParams<float>{false, 0, 0, (float)0});
+            q_in6.EnQue(x38);
+            x38 = q_in6.DeQue<float>();
+            for (int64_t r39 = 0; r39 < tl.rows; r39++) Mul(calc5[r39 * tl.pitch], x32[r39 * tl.pitch], x38, (int32_t)tl.pitch);
+            q_in6.FreeTensor(x38);
+            q_in4.FreeTensor(x32);
+            PipeBarrier<PIPE_ALL>(); /* scalar reads of vector results */
+            for (int64_t r40 = 0; r40 < tl.rows; r40++) {
+                const float s41 = calc6.GetValue(r40);
+                Muls(calc5[r40 * tl.pitch], calc5[r40 * tl.pitch], s41, (int32_t)tl.pitch);
+            }
+            Div(calc4, calc2, calc4, (int32_t)tl.rows);
+            Mul(calc4, calc4, calc6, (int32_t)tl.rows);
+            Mul(calc4, calc4, calc6, (int32_t)tl.rows);
+            Mul(calc4, calc4, calc6, (int32_t)tl.rows);
+            PipeBarrier<PIPE_ALL>(); /* scalar reads of vector results */
+            for (int64_t r42 = 0; r42 < tl.rows; r42++) {
+                const float s43 = calc4.GetValue(r42);
+                Muls(calc7[r42 * tl.pitch], x33[r42 * tl.pitch], s43, (int32_t)tl.pitch);
+            }
+            q_in5.FreeTensor(x33);
+            LocalTensor<float> o44 = q_out2.AllocTensor<float>();
+            Sub(o44, calc5, calc7, (int32_t)(tl.rows * tl.pitch));
+            q_out2.EnQue(o44);
+            o44 = q_out2.DeQue<float>();
+            DataCopyPad(g_grad_x[v14 * d_D + v29], o44, DataCopyExtParams{(uint16_t)v17, (uint32_t)(v31 * sizeof(float)), (uint32_t)((tl.pitch * sizeof(float) - ((v31 * sizeof(float) + 31) / 32 * 32)) / 32), (uint32_t)((d_D - v31) * sizeof(float)), 0});
+            q_out2.FreeTensor(o44);
+        }
+    }
+    SyncAll();
+    const int64_t v45 = tl.col_chunk;
+    const int64_t v46 = tl.col_chunks;
+    for (int64_t t47 = v5; t47 < v46; t47 += v6) {
+        const int64_t v48 = t47 * v45;
+        const int64_t v49 = v7 - v48;
+        const int64_t v50 = (v49 < v45 ? v49 : v45);
+        Duplicate(calc3, v10, (int32_t)tl.col_chunk);
+        for (int64_t t51 = v8; t51 < v2; t51 += v9) {
+            LocalTensor<float> x52 = q_in7.AllocTensor<float>();
+            DataCopyPad(x52, w12[t51 * d_D + v48], DataCopyExtParams{(uint16_t)v9, (uint32_t)(v50 * sizeof(float)), (uint32_t)((d_D - v50) * sizeof(float)), (uint32_t)((tl.col_chunk * sizeof(float) - ((v50 * sizeof(float) + 31) / 32 * 32)) / 32), 0}, DataCopyPadExtParams<float>{false, 0, 0, (float)0});
+            q_in7.EnQue(x52);
+            x52 = q_in7.DeQue<float>();
+            Add(calc3, calc3, x52, (int32_t)tl.col_chunk);
+            q_in7.FreeTensor(x52);
+        }
+        LocalTensor<float> o53 = q_out3.AllocTensor<float>();
+        DataCopy(o53, calc3, (uint32_t)(int32_t)tl.col_chunk);
+        q_out3.EnQue(o53);
+        o53 = q_out3.DeQue<float>();
+        DataCopyPad(g_grad_w[v8 + v48], o53, DataCopyExtParams{1, (uint32_t)(v50 * sizeof(float)), 0, 0, 0});
+        q_out3.FreeTensor(o53);
     }
 }
 
@@ -543,7 +970,7 @@ extern "C" __global__ __aicore__ void k_rms_norm_backward_bf16(GM_ADDR p_grad_y,
             q_out1.FreeTensor(o35);
         }
         LocalTensor<float> o36 = q_out2.AllocTensor<float>();
-        DataCopy(o36, calc1, (int32_t)tl.pitch);
+        DataCopy(o36, calc1, (uint32_t)(int32_t)tl.pitch);
         q_out2.EnQue(o36);
         o36 = q_out2.DeQue<float>();
         DataCopyPad(w13[t14 * d_D + v8], o36, DataCopyExtParams{(uint16_t)v9, (uint32_t)(v7 * sizeof(float)), (uint32_t)((tl.pitch * sizeof(float) - ((v7 * sizeof(float) + 31) / 32 * 32)) / 32), (uint32_t)((d_D - v7) * sizeof(float)), 0});
@@ -571,6 +998,226 @@ extern "C" __global__ __aicore__ void k_rms_norm_backward_bf16(GM_ADDR p_grad_y,
         o45 = q_out3.DeQue<bfloat16_t>();
         DataCopyPad(g_grad_w[v8 + v40], o45, DataCopyExtParams{1, (uint32_t)(v42 * sizeof(bfloat16_t)), 0, 0, 0});
         q_out3.FreeTensor(o45);
+    }
+}
+
+extern "C" __global__ __aicore__ void k_rms_norm_backward_bf16_streamed(GM_ADDR p_grad_y, GM_ADDR p_x, GM_ADDR p_w, GM_ADDR p_grad_x, GM_ADDR p_grad_w, GM_ADDR p_workspace, GM_ADDR tiling)
+{
+    k_rms_norm_backward_bf16_streamed_tiling_t tl;
+    opgen_load_tiling(&tl, tiling, sizeof tl);
+    const int64_t d_N = tl.dims[0]; (void)d_N;
+    const int64_t d_D = tl.dims[1]; (void)d_D;
+    GlobalTensor<bfloat16_t> g_grad_y;
+    g_grad_y.SetGlobalBuffer((__gm__ bfloat16_t *)p_grad_y, (uint64_t)d_N * (uint64_t)d_D);
+    GlobalTensor<bfloat16_t> g_x;
+    g_x.SetGlobalBuffer((__gm__ bfloat16_t *)p_x, (uint64_t)d_N * (uint64_t)d_D);
+    GlobalTensor<bfloat16_t> g_w;
+    g_w.SetGlobalBuffer((__gm__ bfloat16_t *)p_w, (uint64_t)d_D);
+    const float p_eps = tl.p_eps; (void)p_eps;
+    GlobalTensor<bfloat16_t> g_grad_x;
+    g_grad_x.SetGlobalBuffer((__gm__ bfloat16_t *)p_grad_x, (uint64_t)d_N * (uint64_t)d_D);
+    GlobalTensor<bfloat16_t> g_grad_w;
+    g_grad_w.SetGlobalBuffer((__gm__ bfloat16_t *)p_grad_w, (uint64_t)d_D);
+    TPipe pipe;
+    TQue<TPosition::VECIN, 2> q_in1;
+    pipe.InitBuffer(q_in1, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in1);
+    TQue<TPosition::VECIN, 2> q_in2;
+    pipe.InitBuffer(q_in2, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in2);
+    TQue<TPosition::VECIN, 2> q_in3;
+    pipe.InitBuffer(q_in3, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in3);
+    TQue<TPosition::VECIN, 2> q_in4;
+    pipe.InitBuffer(q_in4, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in4);
+    TQue<TPosition::VECIN, 2> q_in5;
+    pipe.InitBuffer(q_in5, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in5);
+    TQue<TPosition::VECOUT, 2> q_out1;
+    pipe.InitBuffer(q_out1, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_out1);
+    TQue<TPosition::VECIN, 2> q_in6;
+    pipe.InitBuffer(q_in6, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in6);
+    TQue<TPosition::VECOUT, 2> q_out2;
+    pipe.InitBuffer(q_out2, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_out2);
+    TQue<TPosition::VECIN, 2> q_in7;
+    pipe.InitBuffer(q_in7, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_in7);
+    TQue<TPosition::VECOUT, 2> q_out3;
+    pipe.InitBuffer(q_out3, (uint8_t)tl.nbuf, (uint32_t)tl.bytes_out3);
+    TBuf<TPosition::VECCALC> b_calc1;
+    pipe.InitBuffer(b_calc1, (uint32_t)tl.bytes_calc1);
+    LocalTensor<float> calc1 = b_calc1.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc2;
+    pipe.InitBuffer(b_calc2, (uint32_t)tl.bytes_calc2);
+    LocalTensor<float> calc2 = b_calc2.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc3;
+    pipe.InitBuffer(b_calc3, (uint32_t)tl.bytes_calc3);
+    LocalTensor<float> calc3 = b_calc3.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc4;
+    pipe.InitBuffer(b_calc4, (uint32_t)tl.bytes_calc4);
+    LocalTensor<float> calc4 = b_calc4.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc5;
+    pipe.InitBuffer(b_calc5, (uint32_t)tl.bytes_calc5);
+    LocalTensor<float> calc5 = b_calc5.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc6;
+    pipe.InitBuffer(b_calc6, (uint32_t)tl.bytes_calc6);
+    LocalTensor<float> calc6 = b_calc6.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc7;
+    pipe.InitBuffer(b_calc7, (uint32_t)tl.bytes_calc7);
+    LocalTensor<float> calc7 = b_calc7.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc8;
+    pipe.InitBuffer(b_calc8, (uint32_t)tl.bytes_calc8);
+    LocalTensor<float> calc8 = b_calc8.Get<float>();
+    TBuf<TPosition::VECCALC> b_calc9;
+    pipe.InitBuffer(b_calc9, (uint32_t)tl.bytes_calc9);
+    LocalTensor<float> calc9 = b_calc9.Get<float>();
+    TBuf<TPosition::VECCALC> b_rdst;
+    pipe.InitBuffer(b_rdst, (uint32_t)tl.bytes_rdst);
+    LocalTensor<float> rdst = b_rdst.Get<float>();
+    TBuf<TPosition::VECCALC> b_rwork;
+    pipe.InitBuffer(b_rwork, (uint32_t)tl.bytes_rwork);
+    LocalTensor<float> rwork = b_rwork.Get<float>();
+    const int64_t v1 = tl.rows;
+    const int64_t v2 = tl.tiles;
+    const int64_t v3 = tl.chunk;
+    const int64_t v4 = tl.chunks;
+    const int64_t v5 = (int64_t)GetBlockIdx();
+    const int64_t v6 = (int64_t)GetBlockNum();
+    const int64_t v7 = d_D;
+    const int64_t v8 = 0ll;
+    const int64_t v9 = 1ll;
+    const float v10 = 0.0f;
+    const float v11 = (float)(v7);
+    GlobalTensor<float> w12;
+    w12.SetGlobalBuffer((__gm__ float *)(p_workspace + tl.partials0), (uint64_t)tl.groups * (uint64_t)d_D);
+    for (int64_t t13 = v5; t13 < v2; t13 += v6) {
+        const int64_t v14 = t13 * v1;
+        const int64_t v15 = d_N;
+        const int64_t v16 = v15 - v14;
+        const int64_t v17 = (v16 < v1 ? v16 : v1);
+        Duplicate(calc4, v10, (int32_t)tl.rows);
+        DataCopy(calc1, calc4, (uint32_t)((tl.rows * sizeof(float) + 31) / 32 * 32 / sizeof(float)));
+        DataCopy(calc2, calc4, (uint32_t)((tl.rows * sizeof(float) + 31) / 32 * 32 / sizeof(float)));
+        for (int64_t t18 = v8; t18 < v4; t18 += v9) {
+            const int64_t v19 = t18 * v3;
+            const int64_t v20 = v7 - v19;
+            const int64_t v21 = (v20 < v3 ? v20 : v3);
+            LocalTensor<bfloat16_t> x22 = q_in1.AllocTensor<bfloat16_t>();
+            DataCopyPad(x22, g_x[v14 * d_D + v19], DataCopyExtParams{(uint16_t)v17, (uint32_t)(v21 * sizeof(bfloat16_t)), (uint32_t)((d_D - v21) * sizeof(bfloat16_t)), (uint32_t)((tl.pitch * sizeof(bfloat16_t) - ((v21 * sizeof(bfloat16_t) + 31) / 32 * 32)) / 32), 0}, DataCopyPadExtParams<bfloat16_t>{false, 0, 0, (bfloat16_t)0});
+            q_in1.EnQue(x22);
+            x22 = q_in1.DeQue<bfloat16_t>();
+            Cast(calc5, x22, RoundMode::CAST_NONE, (int32_t)(tl.rows * tl.pitch));
+            q_in1.FreeTensor(x22);
+            Mul(calc6, calc5, calc5, (int32_t)(tl.rows * tl.pitch));
+            for (int64_t r23 = 0; r23 < tl.rows; r23++) {
+                ReduceSum(rdst, calc6[r23 * tl.pitch], rwork, (int32_t)v21);
+                PipeBarrier<PIPE_ALL>(); /* the scalar read of the result */
+                calc4.SetValue(r23, rdst.GetValue(0));
+            }
+            PipeBarrier<PIPE_ALL>(); /* scalar writes before vector reads */
+            Add(calc1, calc1, calc4, (int32_t)tl.rows);
+            LocalTensor<bfloat16_t> x24 = q_in2.AllocTensor<bfloat16_t>();
+            DataCopyPad(x24, g_grad_y[v14 * d_D + v19], DataCopyExtParams{(uint16_t)v17, (uint32_t)(v21 * sizeof(bfloat16_t)), (uint32_t)((d_D - v21) * sizeof(bfloat16_t)), (uint32_t)((tl.pitch * sizeof(bfloat16_t) - ((v21 * sizeof(bfloat16_t) + 31) / 32 * 32)) / 32), 0}, DataCopyPadExtParams<bfloat16_t>{false, 0, 0, (bfloat16_t)0});
+            q_in2.EnQue(x24);
+            x24 = q_in2.DeQue<bfloat16_t>();
+            Cast(calc6, x24, RoundMode::CAST_NONE, (int32_t)(tl.rows * tl.pitch));
+            q_in2.FreeTensor(x24);
+            LocalTensor<bfloat16_t> x25 = q_in3.AllocTensor<bfloat16_t>();
+            DataCopyPad(x25, g_w[v8 + v19], DataCopyExtParams{1, (uint32_t)(v21 * sizeof(bfloat16_t)), 0, 0, 0}, DataCopyPadExtParams<bfloat16_t>{false, 0, 0, (bfloat16_t)0});
+            q_in3.EnQue(x25);
+            x25 = q_in3.DeQue<bfloat16_t>();
+            Cast(calc7, x25, RoundMode::CAST_NONE, (int32_t)tl.pitch);
+            q_in3.FreeTensor(x25);
+            for (int64_t r26 = 0; r26 < tl.rows; r26++) Mul(calc6[r26 * tl.pitch], calc6[r26 * tl.pitch], calc7, (int32_t)tl.pitch);
+            Mul(calc5, calc6, calc5, (int32_t)(tl.rows * tl.pitch));
+            for (int64_t r27 = 0; r27 < tl.rows; r27++) {
+                ReduceSum(rdst, calc5[r27 * tl.pitch], rwork, (int32_t)v21);
+                PipeBarrier<PIPE_ALL>(); /* the scalar read of the result */
+                calc4.SetValue(r27, rdst.GetValue(0));
+            }
+            PipeBarrier<PIPE_ALL>(); /* scalar writes before vector reads */
+            Add(calc2, calc2, calc4, (int32_t)tl.rows);
+        }
+        for (int64_t t28 = v8; t28 < v4; t28 += v9) {
+            const int64_t v29 = t28 * v3;
+            const int64_t v30 = v7 - v29;
+            const int64_t v31 = (v30 < v3 ? v30 : v3);
+            LocalTensor<bfloat16_t> x32 = q_in4.AllocTensor<bfloat16_t>();
+            DataCopyPad(x32, g_grad_y[v14 * d_D + v29], DataCopyExtParams{(uint16_t)v17, (uint32_t)(v31 * sizeof(bfloat16_t)), (uint32_t)((d_D - v31) * sizeof(bfloat16_t)), (uint32_t)((tl.pitch * sizeof(bfloat16_t) - ((v31 * sizeof(bfloat16_t) + 31) / 32 * 32)) / 32), 0}, DataCopyPadExtParams<bfloat16_t>{false, 0, 0, (bfloat16_t)0});
+            q_in4.EnQue(x32);
+            x32 = q_in4.DeQue<bfloat16_t>();
+            Cast(calc5, x32, RoundMode::CAST_NONE, (int32_t)(tl.rows * tl.pitch));
+            q_in4.FreeTensor(x32);
+            LocalTensor<bfloat16_t> x33 = q_in5.AllocTensor<bfloat16_t>();
+            DataCopyPad(x33, g_x[v14 * d_D + v29], DataCopyExtParams{(uint16_t)v17, (uint32_t)(v31 * sizeof(bfloat16_t)), (uint32_t)((d_D - v31) * sizeof(bfloat16_t)), (uint32_t)((tl.pitch * sizeof(bfloat16_t) - ((v31 * sizeof(bfloat16_t) + 31) / 32 * 32)) / 32), 0}, DataCopyPadExtParams<bfloat16_t>{false, 0, 0, (bfloat16_t)0});
+            q_in5.EnQue(x33);
+            x33 = q_in5.DeQue<bfloat16_t>();
+            Cast(calc6, x33, RoundMode::CAST_NONE, (int32_t)(tl.rows * tl.pitch));
+            q_in5.FreeTensor(x33);
+            Mul(calc8, calc5, calc6, (int32_t)(tl.rows * tl.pitch));
+            Duplicate(calc4, v11, (int32_t)tl.rows);
+            Div(calc9, calc1, calc4, (int32_t)tl.rows);
+            Adds(calc9, calc9, p_eps, (int32_t)tl.rows);
+            Rsqrt(calc9, calc9, (int32_t)tl.rows);
+            PipeBarrier<PIPE_ALL>(); /* scalar reads of vector results */
+            for (int64_t r34 = 0; r34 < tl.rows; r34++) {
+                const float s35 = calc9.GetValue(r34);
+                Muls(calc8[r34 * tl.pitch], calc8[r34 * tl.pitch], s35, (int32_t)tl.pitch);
+            }
+            LocalTensor<float> o36 = q_out1.AllocTensor<float>();
+            DataCopy(o36, calc8, (uint32_t)tl.pitch);
+            for (int64_t r37 = 1; r37 < v17; r37++) Add(o36, o36, calc8[r37 * tl.pitch], (int32_t)tl.pitch);
+            q_out1.EnQue(o36);
+            o36 = q_out1.DeQue<float>();
+            DataCopyPad(w12[t13 * d_D + v29], o36, DataCopyExtParams{(uint16_t)v9, (uint32_t)(v31 * sizeof(float)), (uint32_t)((tl.pitch * sizeof(float) - ((v31 * sizeof(float) + 31) / 32 * 32)) / 32), (uint32_t)((d_D - v31) * sizeof(float)), 0});
+            q_out1.FreeTensor(o36);
+            LocalTensor<bfloat16_t> x38 = q_in6.AllocTensor<bfloat16_t>();
+            DataCopyPad(x38, g_w[v8 + v29], DataCopyExtParams{1, (uint32_t)(v31 * sizeof(bfloat16_t)), 0, 0, 0}, DataCopyPadExtParams<bfloat16_t>{false, 0, 0, (bfloat16_t)0});
+            q_in6.EnQue(x38);
+            x38 = q_in6.DeQue<bfloat16_t>();
+            Cast(calc7, x38, RoundMode::CAST_NONE, (int32_t)tl.pitch);
+            q_in6.FreeTensor(x38);
+            for (int64_t r39 = 0; r39 < tl.rows; r39++) Mul(calc5[r39 * tl.pitch], calc5[r39 * tl.pitch], calc7, (int32_t)tl.pitch);
+            PipeBarrier<PIPE_ALL>(); /* scalar reads of vector results */
+            for (int64_t r40 = 0; r40 < tl.rows; r40++) {
+                const float s41 = calc9.GetValue(r40);
+                Muls(calc5[r40 * tl.pitch], calc5[r40 * tl.pitch], s41, (int32_t)tl.pitch);
+            }
+            Div(calc4, calc2, calc4, (int32_t)tl.rows);
+            Mul(calc4, calc4, calc9, (int32_t)tl.rows);
+            Mul(calc4, calc4, calc9, (int32_t)tl.rows);
+            Mul(calc4, calc4, calc9, (int32_t)tl.rows);
+            PipeBarrier<PIPE_ALL>(); /* scalar reads of vector results */
+            for (int64_t r42 = 0; r42 < tl.rows; r42++) {
+                const float s43 = calc4.GetValue(r42);
+                Muls(calc6[r42 * tl.pitch], calc6[r42 * tl.pitch], s43, (int32_t)tl.pitch);
+            }
+            Sub(calc5, calc5, calc6, (int32_t)(tl.rows * tl.pitch));
+            LocalTensor<bfloat16_t> o44 = q_out2.AllocTensor<bfloat16_t>();
+            Cast(o44, calc5, RoundMode::CAST_RINT, (int32_t)(tl.rows * tl.pitch));
+            q_out2.EnQue(o44);
+            o44 = q_out2.DeQue<bfloat16_t>();
+            DataCopyPad(g_grad_x[v14 * d_D + v29], o44, DataCopyExtParams{(uint16_t)v17, (uint32_t)(v31 * sizeof(bfloat16_t)), (uint32_t)((tl.pitch * sizeof(bfloat16_t) - ((v31 * sizeof(bfloat16_t) + 31) / 32 * 32)) / 32), (uint32_t)((d_D - v31) * sizeof(bfloat16_t)), 0});
+            q_out2.FreeTensor(o44);
+        }
+    }
+    SyncAll();
+    const int64_t v45 = tl.col_chunk;
+    const int64_t v46 = tl.col_chunks;
+    for (int64_t t47 = v5; t47 < v46; t47 += v6) {
+        const int64_t v48 = t47 * v45;
+        const int64_t v49 = v7 - v48;
+        const int64_t v50 = (v49 < v45 ? v49 : v45);
+        Duplicate(calc3, v10, (int32_t)tl.col_chunk);
+        for (int64_t t51 = v8; t51 < v2; t51 += v9) {
+            LocalTensor<float> x52 = q_in7.AllocTensor<float>();
+            DataCopyPad(x52, w12[t51 * d_D + v48], DataCopyExtParams{(uint16_t)v9, (uint32_t)(v50 * sizeof(float)), (uint32_t)((d_D - v50) * sizeof(float)), (uint32_t)((tl.col_chunk * sizeof(float) - ((v50 * sizeof(float) + 31) / 32 * 32)) / 32), 0}, DataCopyPadExtParams<float>{false, 0, 0, (float)0});
+            q_in7.EnQue(x52);
+            x52 = q_in7.DeQue<float>();
+            Add(calc3, calc3, x52, (int32_t)tl.col_chunk);
+            q_in7.FreeTensor(x52);
+        }
+        LocalTensor<bfloat16_t> o53 = q_out3.AllocTensor<bfloat16_t>();
+        Cast(o53, calc3, RoundMode::CAST_RINT, (int32_t)tl.col_chunk);
+        q_out3.EnQue(o53);
+        o53 = q_out3.DeQue<bfloat16_t>();
+        DataCopyPad(g_grad_w[v8 + v48], o53, DataCopyExtParams{1, (uint32_t)(v50 * sizeof(bfloat16_t)), 0, 0, 0});
+        q_out3.FreeTensor(o53);
     }
 }
 

@@ -46,6 +46,46 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t chunk;
+    int64_t chunks;
+    int64_t col_chunk;
+    int64_t tiles;
+    int64_t group;
+    int64_t groups;
+    int64_t bytes_in1;
+    int64_t bytes_in2;
+    int64_t bytes_in3;
+    int64_t bytes_in4;
+    int64_t bytes_in5;
+    int64_t bytes_out1;
+    int64_t bytes_in6;
+    int64_t bytes_out2;
+    int64_t bytes_in7;
+    int64_t bytes_out3;
+    int64_t bytes_calc1;
+    int64_t bytes_calc2;
+    int64_t bytes_calc3;
+    int64_t bytes_calc4;
+    int64_t bytes_calc5;
+    int64_t bytes_calc6;
+    int64_t bytes_calc7;
+    int64_t bytes_calc8;
+    int64_t bytes_calc9;
+    int64_t bytes_rdst;
+    int64_t bytes_rwork;
+    int64_t col_chunks;
+    int64_t block_dim;
+    int64_t partials0;
+    int64_t ws_bytes;
+} k_rms_norm_backward_f16_streamed_tiling_t;
+static_assert(sizeof(k_rms_norm_backward_f16_streamed_tiling_t) <= 512, "tiling data too large");
+
+typedef struct {
+    int64_t dims[2];
+    float p_eps;
+    int64_t pitch;
+    int64_t nbuf;
+    int64_t rows;
     int64_t col_chunk;
     int64_t tiles;
     int64_t group;
@@ -73,6 +113,44 @@ typedef struct {
     int64_t ws_bytes;
 } k_rms_norm_backward_f32_tiling_t;
 static_assert(sizeof(k_rms_norm_backward_f32_tiling_t) <= 512, "tiling data too large");
+
+typedef struct {
+    int64_t dims[2];
+    float p_eps;
+    int64_t pitch;
+    int64_t nbuf;
+    int64_t rows;
+    int64_t chunk;
+    int64_t chunks;
+    int64_t col_chunk;
+    int64_t tiles;
+    int64_t group;
+    int64_t groups;
+    int64_t bytes_in1;
+    int64_t bytes_in2;
+    int64_t bytes_in3;
+    int64_t bytes_in4;
+    int64_t bytes_in5;
+    int64_t bytes_out1;
+    int64_t bytes_in6;
+    int64_t bytes_out2;
+    int64_t bytes_in7;
+    int64_t bytes_out3;
+    int64_t bytes_calc1;
+    int64_t bytes_calc2;
+    int64_t bytes_calc3;
+    int64_t bytes_calc4;
+    int64_t bytes_calc5;
+    int64_t bytes_calc6;
+    int64_t bytes_calc7;
+    int64_t bytes_rdst;
+    int64_t bytes_rwork;
+    int64_t col_chunks;
+    int64_t block_dim;
+    int64_t partials0;
+    int64_t ws_bytes;
+} k_rms_norm_backward_f32_streamed_tiling_t;
+static_assert(sizeof(k_rms_norm_backward_f32_streamed_tiling_t) <= 512, "tiling data too large");
 
 typedef struct {
     int64_t dims[2];
@@ -110,5 +188,45 @@ typedef struct {
     int64_t ws_bytes;
 } k_rms_norm_backward_bf16_tiling_t;
 static_assert(sizeof(k_rms_norm_backward_bf16_tiling_t) <= 512, "tiling data too large");
+
+typedef struct {
+    int64_t dims[2];
+    float p_eps;
+    int64_t pitch;
+    int64_t nbuf;
+    int64_t rows;
+    int64_t chunk;
+    int64_t chunks;
+    int64_t col_chunk;
+    int64_t tiles;
+    int64_t group;
+    int64_t groups;
+    int64_t bytes_in1;
+    int64_t bytes_in2;
+    int64_t bytes_in3;
+    int64_t bytes_in4;
+    int64_t bytes_in5;
+    int64_t bytes_out1;
+    int64_t bytes_in6;
+    int64_t bytes_out2;
+    int64_t bytes_in7;
+    int64_t bytes_out3;
+    int64_t bytes_calc1;
+    int64_t bytes_calc2;
+    int64_t bytes_calc3;
+    int64_t bytes_calc4;
+    int64_t bytes_calc5;
+    int64_t bytes_calc6;
+    int64_t bytes_calc7;
+    int64_t bytes_calc8;
+    int64_t bytes_calc9;
+    int64_t bytes_rdst;
+    int64_t bytes_rwork;
+    int64_t col_chunks;
+    int64_t block_dim;
+    int64_t partials0;
+    int64_t ws_bytes;
+} k_rms_norm_backward_bf16_streamed_tiling_t;
+static_assert(sizeof(k_rms_norm_backward_bf16_streamed_tiling_t) <= 512, "tiling data too large");
 
 #endif /* OPGEN_ASCENDC_RMS_NORM_BACKWARD_TILING_H */

@@ -83,7 +83,8 @@ class AscendPrinter:
         self.counter = 0
         self.buffers = {op.sym.data: op for op in k.body.block.ops if isinstance(op, t.BufferOp)}
         self.tiling = next(op for op in k.body.block.ops if isinstance(op, t.TilingOp))
-        self.params = [op.param.data for op in self.tiling.body.block.ops if isinstance(op, t.SetParamOp)]
+        self.params = list(dict.fromkeys(op.param.data for op in self.tiling.body.block.ops
+                                         if isinstance(op, t.SetParamOp)))  # (a later set overrides)
         names = [a.data for a in k.arg_names.data]
         self.args = [_Arg(n, a, pidx.get(n, -1)) for n, a in zip(names, k.body.block.args, strict=True)]
 
@@ -121,6 +122,14 @@ class AscendPrinter:
         if lay == "vec":
             return "(int32_t)tl.rows"
         return f"(int32_t){self.pitch_of(v)}"
+
+    def copy_count(self, v: SSAValue) -> str:
+        """Elements a UB -> UB DataCopy of ``v``'s buffer moves: whole 32-byte blocks (a per-row
+        tile's buffer is rounded up to them)."""
+        if layout(ir.tensor_type(v).shape) != "vec":
+            return f"(uint32_t){self.count_of(v)}"
+        ct = self.ctype(ir.tensor_type(v).dtype)
+        return f"(uint32_t)((tl.rows * sizeof({ct}) + 31) / 32 * 32 / sizeof({ct}))"
 
     # ------------------------------------------------------------------ scalar expressions
     def scalar_expr(self, op: Operation, host: bool = False) -> str:
@@ -266,7 +275,7 @@ class AscendPrinter:
             self.line("SyncAll();")
         elif isinstance(op, t.MoveOp):
             dst = self.target(op.result)
-            self.line(f"DataCopy({dst}, {self.name(op.x)}, {self.count_of(op.result)});")
+            self.line(f"DataCopy({dst}, {self.name(op.x)}, {self.copy_count(op.result)});")
         elif isinstance(op, t.ReduceOp):
             self.reduce(op)
         elif op.results and ir.tensor_type(op.results[0]).rank == 2:
@@ -556,43 +565,45 @@ class AscendPrinter:
         return 0
 
     def launcher(self) -> str:
-        """The kernel entry the binder calls: tiling, tiling data into the workspace, launch."""
+        """``<inst>_launch``: the tiling data into the workspace, then the kernel on the stream."""
         ptrs = []
         for a in self.args:
             if isinstance(a.value.type, t.GmType):
-                if a.name == "workspace":
-                    ptrs.append("ws")
-                else:
-                    ptrs.append(f"bufs[{a.index}].data")
+                ptrs.append("ws" if a.name == "workspace" else f"bufs[{a.index}].data")
         return "\n".join([
-            f"static size_t h_{self.inst}_ws(const int64_t *dims) {{",
-            f"    {self.inst}_tiling_t tl;",
-            "    opgen_scalar_t sc[OPGEN_MAX_PARAMS];",
-            "    memset(sc, 0, sizeof sc); /* the sizes never depend on scalar values */",
-            f"    if ({self.inst}_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) "
-            "!= OPGEN_SUCCESS)",
-            f"        return {TILING_BYTES}; /* the pre-check reports why */",
-            "    return (size_t)tl.ws_bytes;",
-            "}",
-            f"static opgen_status_t h_{self.inst}_pre(const opgen_buf_t *bufs, const int64_t *dims, "
-            "const opgen_scalar_t *sc) {",
-            f"    {self.inst}_tiling_t tl;",
-            "    (void)bufs;",
-            f"    return {self.inst}_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl);",
-            "}",
-            f"static opgen_status_t h_{self.inst}(const opgen_buf_t *bufs, const int64_t *dims, "
-            "const opgen_scalar_t *sc, char *ws, void *stream) {",
-            f"    {self.inst}_tiling_t tl;",
-            f"    opgen_status_t st = {self.inst}_tiling(dims, sc, opgen_ascendc_cores(), "
-            "opgen_ascendc_ub_bytes(), &tl);",
-            "    if (st != OPGEN_SUCCESS) return st;",
-            "    if (aclrtMemcpy(ws, sizeof tl, &tl, sizeof tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)",
+            f"static opgen_status_t {self.inst}_launch(const opgen_buf_t *bufs, const {self.inst}_tiling_t *tl, "
+            "char *ws, void *stream) {",
+            "    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)",
             f'        return opgen_fail(OPGEN_ERR_INTERNAL, "{self.inst}: cannot copy the tiling data");',
-            f"    ACLRT_LAUNCH_KERNEL({self.inst})((uint32_t)tl.block_dim, (aclrtStream)stream, "
+            f"    ACLRT_LAUNCH_KERNEL({self.inst})((uint32_t)tl->block_dim, (aclrtStream)stream, "
             f"{', '.join([*ptrs, 'ws'])});",
             f'    return opgen_ascendc_launched("{self.inst}");',
             "}",
         ]) + "\n"
+
+
+def host_entries(base: str, insts: list[str]) -> str:
+    """The binder's kernel entry of one variant x binding: the first schedule (in the order the
+    lowering gave them: whole rows, then column tiles) whose tiling succeeds runs."""
+    plat = "opgen_ascendc_cores(), opgen_ascendc_ub_bytes()"
+    run = [f"static opgen_status_t {base}(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, "
+           "char *ws, void *stream) {", "    opgen_status_t st = OPGEN_ERR_INTERNAL;"]
+    size = [f"static size_t {base}_ws(const int64_t *dims) {{", "    opgen_scalar_t sc[OPGEN_MAX_PARAMS];",
+            "    memset(sc, 0, sizeof sc); /* the sizes never depend on scalar values */"]
+    pre = [f"static opgen_status_t {base}_pre(const opgen_buf_t *bufs, const int64_t *dims, "
+           "const opgen_scalar_t *sc) {", "    opgen_status_t st = OPGEN_ERR_INTERNAL;", "    (void)bufs;"]
+    for n in insts:
+        run += ["    {", f"        {n}_tiling_t tl;", f"        st = {n}_tiling(dims, sc, {plat}, &tl);",
+                f"        if (st == OPGEN_SUCCESS) return {n}_launch(bufs, &tl, ws, stream);", "    }"]
+        size += ["    {", f"        {n}_tiling_t tl;",
+                 f"        if ({n}_tiling(dims, sc, {plat}, &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;",
+                 "    }"]
+        pre += ["    {", f"        {n}_tiling_t tl;", f"        st = {n}_tiling(dims, sc, {plat}, &tl);",
+                "        if (st == OPGEN_SUCCESS) return st;", "    }"]
+    run += ["    return st;", "}"]
+    size += [f"    return {TILING_BYTES}; /* the pre-check reports why */", "}"]
+    pre += ["    return st;", "}"]
+    return "\n".join([*size, *pre, *run]) + "\n"
 
 
 # ---------------------------------------------------------------------- translation unit
@@ -631,14 +642,22 @@ def op_sources(o: OpDef) -> dict[str, str]:
     host_body: list[str] = []
     inst: dict[tuple[str, ...], list[cpu.Instance]] = {}
     for present, kl in ks.items():
+        groups: dict[str, list[t.KernelOp]] = {}  # variant x binding -> its schedules, in order
         for k in kl:
-            p = AscendPrinter(k, dims, pidx)
-            binding = {v: dtypes.by_name(d.data) for v, d in k.dtype_vars.data.items()}  # type: ignore[attr-defined]
-            tiling.append(p.tiling_struct())
-            kern.append(p.kernel())
-            host.append(f'#include "aclrtlaunch_{p.inst}.h"')
-            host_body += [p.host_tiling(), p.launcher()]
-            inst.setdefault(present, []).append(cpu.Instance(present, binding, f"h_{p.inst}"))
+            groups.setdefault(".".join(k.sym_name.data.split(".")[:1 + len(k.dtype_vars.data)]), []).append(k)
+        for sched in groups.values():
+            names = []
+            for k in sched:
+                p = AscendPrinter(k, dims, pidx)
+                tiling.append(p.tiling_struct())
+                kern.append(p.kernel())
+                host.append(f'#include "aclrtlaunch_{p.inst}.h"')
+                host_body += [p.host_tiling(), p.launcher()]
+                names.append(p.inst)
+            base = f"h_{names[0]}"
+            host_body.append(host_entries(base, names))
+            binding = {v: dtypes.by_name(d.data) for v, d in sched[0].dtype_vars.data.items()}  # type: ignore[attr-defined]
+            inst.setdefault(present, []).append(cpu.Instance(present, binding, base))
     tiling.append(f"#endif /* {guard} */")
     host += ["", *host_body, *_tables(o, inst)]
     host += cpu.entry_points(o, prefix="opgen_ascendc_", run="opgen_ascendc_run", extra_params=", void *stream",

@@ -40,8 +40,9 @@ UNSUPPORTED = {ir.GatherOp: "gather", ir.ScatterAddOp: "scatter_add", ir.Bincoun
                ir.MatmulOp: "matmul", ir.UnpackBitsOp: "unpack_bits", ir.TransposeOp: "transpose",
                ir.IotaOp: "iota", ir.PowOp: "pow", ir.TanhOp: "tanh"}
 
-#: tile dims: rows of a tile, and the workspace's bytes
+#: tile dims: rows of a tile, and the columns of a column tile (streamed schedule)
 ROWS = "R"
+CHUNK = "C"
 
 
 class TileUnsupported(NotImplementedError):
@@ -92,10 +93,11 @@ class _Group:
 class TileLowering:
     """Lowers one ``opgen.func`` (see the module docstring)."""
 
-    def __init__(self, func: ir.FuncOp, binding: dict[str, dtypes.DType]):
+    def __init__(self, func: ir.FuncOp, binding: dict[str, dtypes.DType], streamed: bool = False):
         self.func = func
         self.name = func.sym_name.data
         self.binding = binding
+        self.streamed = streamed
         self.names = [a.data for a in func.arg_names.data]
         self.ret = func.body.block.last_op
         assert isinstance(self.ret, ir.ReturnOp)
@@ -157,7 +159,8 @@ class TileLowering:
         for a in self.func.body.block.args:
             tt = ir.tensor_type(a)
             arg_types.append(tt if tt.rank == 0 else t.GmType.make(tt.shape, self.dt(tt.dtype)))
-        sym = ".".join([self.name, *(d.name for d in self.binding.values())])  # one symbol per instance
+        # one symbol per instance and schedule
+        sym = ".".join([self.name, *(d.name for d in self.binding.values()), *(["streamed"] if self.streamed else [])])
         k = t.KernelOp(sym, [*self.names, "workspace"], [*arg_types, t.GmType.make(["W"], "u8")],
                        DictionaryAttr({v: StringAttr(d.name) for v, d in self.binding.items()}))
         self.block = k.body.block
@@ -174,8 +177,17 @@ class TileLowering:
         self.x = x
         self.group = g
         self.cols = self._column_dim(g)
+        self.tcols = CHUNK if self.streamed else self.cols  # a tile's column dim
+        self.rowvals: dict[SSAValue, SSAValue] = {}
         self.emit_checks()
-        self.emit_walk()
+        if self.streamed:
+            if self.cols == "1":
+                raise TileUnsupported(self.name, "column tiles of rows of one element")
+            k.attributes["schedule"] = StringAttr("streamed")
+            self.emit_streamed_walk()
+        else:
+            k.attributes["schedule"] = StringAttr("resident")
+            self.emit_walk()
         if g.colreds:
             self.emit_combine()
         return k
@@ -279,6 +291,7 @@ class TileLowering:
         self.ncols = self.dim(self.cols)
         self.zero = self.const(0)
         self.one = self.const(1)
+        self.col0 = self.zero
         self.col_env: dict[SSAValue, SSAValue] = {}
         outer = t.ForOp(core, groups, ncores, hint="g")
         self.add(outer)
@@ -321,9 +334,13 @@ class TileLowering:
     def ncols_of(self, v: SSAValue) -> SSAValue:
         return self.ncols if self.kind_of(v, self.x).cols != "1" else self.one
 
+    def col0_of(self, v: SSAValue) -> SSAValue:
+        return self.col0 if self.kind_of(v, self.x).cols != "1" else self.zero
+
     def tile_shape(self, v: SSAValue) -> list[str]:
         k = self.kind_of(v, self.x)
-        return [ROWS, k.cols] if k.kind == "rows" else ["1", k.cols]
+        cols = self.tcols if k.cols != "1" else "1"
+        return [ROWS, cols] if k.kind == "rows" else ["1", cols]
 
     def _cast_tile(self, v: SSAValue, storage: str) -> SSAValue:
         """``v`` in the storage dtype of an output (a dtype variable stays a variable)."""
@@ -334,13 +351,18 @@ class TileLowering:
         k = self.kind_of(v, self.x)
         if k.kind == "scalar":
             return self.scalar(v)
-        if k.kind == "cols":
+        if k.kind == "cols" and not self.streamed:
             return self.column(v)
         if v in self.env:
             return self.env[v]
-        if isinstance(v, BlockArgument):
+        if isinstance(v, BlockArgument) and k.kind == "cols":  # a column vector's chunk
             src = self.args[self.names[v.index]]
-            raw = self.add(t.CopyInOp(src, self.row0, self.nrows, self.zero, self.ncols_of(v), self.tile_shape(v)))
+            raw = self.add(t.CopyInOp(src, self.zero, self.one, self.col0, self.ncols, self.tile_shape(v)))
+            res = self._cast(raw, self.cdt(v))
+        elif isinstance(v, BlockArgument):
+            src = self.args[self.names[v.index]]
+            raw = self.add(t.CopyInOp(src, self.row0, self.nrows, self.col0_of(v), self.ncols_of(v),
+                                      self.tile_shape(v)))
             res = self._cast(raw, self.cdt(v))
         else:
             res = self._tile_op(v.owner, v)  # type: ignore[arg-type]
@@ -385,6 +407,8 @@ class TileLowering:
         if isinstance(op, ir.ReduceOp):
             src = ir.tensor_type(op.x)
             if src.rank == 2 and op.axis_list == (1,):
+                if self.streamed:  # computed over every chunk of the row beforehand
+                    return self.rowvals[v]
                 return self.add(t.ReduceOp(op.kind.data, self.tile(op.x), 1, self.ncols))
             raise TileUnsupported(self.name, "a reduction across row tiles used by the rows")
         operands = []
@@ -396,6 +420,111 @@ class TileLowering:
                                               ir.TensorType.make(shape, ir.tensor_type(val).dtype)))
             operands.append(val)
         return self.add(self._rebuild(op, operands))
+
+    def emit_streamed_walk(self) -> None:
+        """Rows too long for one tile: a row tile is walked in chunks of ``C`` columns, once per
+        row reduction (level by level, each accumulating its chunks' partial results in order),
+        then once more for the outputs. A column reduction's partial is then per row tile."""
+        self.cur = self.block
+        rows = self.add(t.ParamOp("rows"))
+        tiles = self.add(t.ParamOp("tiles"))
+        chunk = self.add(t.ParamOp("chunk"))
+        chunks = self.add(t.ParamOp("chunks"))
+        self.add(t.ParamOp("groups"))
+        core = self.add(t.BlockIdxOp())
+        ncores = self.add(t.BlockNumOp())
+        self.rows, self.ntiles = rows, tiles
+        self.ngroups = tiles
+        self.full_cols = self.dim(self.cols)
+        self.zero = self.const(0)
+        self.one = self.const(1)
+        self.col_env = {}
+        outer = t.ForOp(core, tiles, ncores, hint="t")
+        self.add(outer)
+        self.anchor = outer
+        self.cur = outer.body.block
+        self.row0 = self.add(ir.MulOp(outer.iv, rows))
+        self.nrows = self.add(ir.MinOp(self.add(ir.SubOp(self.dim(self.x), self.row0)), rows))
+        row_scope = self.cur
+
+        def chunk_loop(inits: list[SSAValue]) -> t.ForOp:
+            loop = t.ForOp(self.zero, chunks, self.one, inits, hint="c")
+            self.add(loop)
+            self.cur = loop.body.block
+            self.env = {}
+            self.col0 = self.add(ir.MulOp(loop.iv, chunk))
+            self.ncols = self.add(ir.MinOp(self.add(ir.SubOp(self.full_cols, self.col0)), chunk))
+            return loop
+
+        for level in self._row_reduction_levels():  # one walk over the chunks per level
+            inits = []
+            for red in level:
+                dt = self.cdt(red.x)
+                ident = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[red.kind.data]
+                inits.append(self.add(ir.BroadcastOp(self.add(ir.ConstantOp(ident, dt), self.block), [],
+                                                     ir.TensorType.make([ROWS, "1"], dt))))
+            loop = chunk_loop(inits)
+            nexts = []
+            for red, acc in zip(level, loop.body.block.args[1:], strict=True):
+                part = self.add(t.ReduceOp(red.kind.data, self.tile(red.x), 1, self.ncols))
+                comb = {"sum": ir.AddOp, "max": ir.MaxOp, "min": ir.MinOp}[red.kind.data]
+                nexts.append(self.add(comb(acc, part)))  # chunk order
+            self.add(t.YieldOp(nexts))
+            self.cur = row_scope
+            for red, res in zip(level, loop.res, strict=True):
+                self.rowvals[red.result] = res
+        chunk_loop([])
+        for i, (_, r) in enumerate(self.group.colreds):
+            part = self.add(t.ReduceOp("sum", self.tile(r.x), 0, self.nrows))
+            ws = self.add(t.WorkspaceOp(f"partials{i}", t.GmType.make(["groups", self.cols], self.cdt(r.x))),
+                          self.block)
+            self.partials.append(ws)
+            self.add(t.CopyOutOp(part, ws, outer.iv, self.one, self.col0, self.ncols))
+        for name, v in sorted(self.group.outputs, key=lambda nv: nv[0] in self.func.aliased_outputs):
+            val = self._cast_tile(self.tile(v), self.dt(ir.tensor_type(v).dtype))
+            if isinstance(val.owner, t.CopyInOp):
+                raise TileUnsupported(self.name, f"an output ({name}) that is an unmodified input")
+            self.add(t.CopyOutOp(val, self.args[name], self.row0, self.nrows, self.col0_of(v), self.ncols_of(v)))
+        self.add(t.YieldOp())
+        self.cur = row_scope
+        self.add(t.YieldOp())
+        self.anchor = None
+        self.ncols = self.full_cols
+
+    def _row_reduction_levels(self) -> list[list[ir.ReduceOp]]:
+        """The row reductions grouped by level: a reduction's level is one more than the highest
+        level of the reductions it reads, so a level's reductions share one walk over the chunks."""
+        reds = self._row_reductions()
+        level: dict[ir.ReduceOp, int] = {}
+        for red in reds:
+            deps, todo, seen = 0, [red.x], set()
+            while todo:
+                v = todo.pop()
+                op = v.owner
+                if not isinstance(op, Operation) or op in seen:
+                    continue
+                seen.add(op)
+                if op in level:
+                    deps = max(deps, level[op] + 1)
+                    continue
+                todo.extend(op.operands)
+            level[red] = deps
+        return [[r for r in reds if level[r] == n] for n in range(max(level.values(), default=-1) + 1)]
+
+    def _row_reductions(self) -> list[ir.ReduceOp]:
+        """The reductions along the rows the outputs need, in program order (so every one comes
+        after those it depends on)."""
+        need: set[Operation] = set()
+        todo = [v for _, v in self.group.outputs] + [r.x for _, r in self.group.colreds]
+        while todo:
+            v = todo.pop()
+            op = v.owner
+            if not isinstance(op, Operation) or op in need:
+                continue
+            need.add(op)
+            todo.extend(op.operands)
+        return [op for op in self.func.body.block.ops if op in need and isinstance(op, ir.ReduceOp)
+                and ir.tensor_type(op.x).rank == 2 and op.axis_list == (1,)]
 
     # ------------------------------------------------------------------ column reductions
     def emit_combine(self) -> None:
@@ -427,8 +556,8 @@ class TileLowering:
         self.add(t.YieldOp())
 
 
-def lower_func(func: ir.FuncOp, binding: dict[str, dtypes.DType]) -> t.KernelOp:
-    return TileLowering(func, binding).run()
+def lower_func(func: ir.FuncOp, binding: dict[str, dtypes.DType], streamed: bool = False) -> t.KernelOp:
+    return TileLowering(func, binding, streamed).run()
 
 
 class LowerToTiles(ModulePass):
@@ -439,6 +568,10 @@ class LowerToTiles(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in list(op.body.block.ops):
             if isinstance(f, ir.FuncOp):
-                for b in npu_bindings(f):  # one kernel per dtype binding (per compute type)
-                    op.body.block.insert_op_before(lower_func(f, b), f)
+                for b in npu_bindings(f):  # per dtype binding (per compute type): whole rows, or
+                    op.body.block.insert_op_before(lower_func(f, b), f)  # rows in column tiles
+                    try:
+                        op.body.block.insert_op_before(lower_func(f, b, streamed=True), f)
+                    except TileUnsupported:
+                        pass  # (rows of one element always fit)
                 op.body.block.erase_op(f)

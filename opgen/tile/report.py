@@ -167,6 +167,23 @@ def _walk(block: Block, e: _Eval) -> int:
     return moved
 
 
+def chosen(kernels: list[t.KernelOp], dims: dict[str, int], platform: dict[str, int]) -> list[Report]:
+    """For each variant x dtype binding, the report of the schedule the host runs at these sizes
+    (the first, in the lowering's order, whose tiling succeeds; else the last one's refusal)."""
+    groups: dict[str, list[t.KernelOp]] = {}
+    for k in kernels:
+        n = len(k.dtype_vars.data)
+        groups.setdefault(".".join(k.sym_name.data.split(".")[:1 + n]), []).append(k)
+    out = []
+    for ks in groups.values():
+        for i, k in enumerate(ks):
+            _, failed = tiling(k, dims, platform)
+            if failed is None or i == len(ks) - 1:
+                out.append(report(k, dims, platform))
+                break
+    return out
+
+
 def format_report(rs: list[Report]) -> str:
     lines = ["| kernel | tiling | UB used / capacity | GM bytes moved / minimum | cores |",
              "|---|---|---:|---:|---:|"]

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, StringAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -105,11 +105,14 @@ def _rows_dim(k: t.KernelOp) -> str | None:
     return None
 
 
-def _cols_dim(bufs: list[t.BufferOp]) -> str:
-    for b in bufs:
-        c = b.attributes["cols"].data  # type: ignore[attr-defined]
-        if c not in ("1", "CC"):
-            return c
+def _cols_dim(k: t.KernelOp) -> str:
+    """The row length the tiles walk (the last dim of the views the kernel copies rows of)."""
+    for op in k.body.block.walk():
+        if isinstance(op, t.CopyInOp | t.CopyOutOp):
+            gm = t.gm_type(op.src if isinstance(op, t.CopyInOp) else op.dst)
+            tt = ir.tensor_type(op.result if isinstance(op, t.CopyInOp) else op.value)
+            if tt.shape[1] not in ("1", "CC") and not isinstance(op.operands[0].owner, t.WorkspaceOp):
+                return gm.shape[-1]
     return "1"
 
 
@@ -135,7 +138,7 @@ class SizeTiles(ModulePass):
         cores = b.platform("cores")
         rows_dim = _rows_dim(k)
         n = b.dim(rows_dim) if rows_dim else b.c(1)
-        cols = b.dim(_cols_dim(bufs))
+        cols = b.dim(_cols_dim(k))
         sizes = [_itemsize(x) for x in bufs if x.attributes["layout"].data in ("tile", "row")]  # type: ignore[attr-defined]
         align = ALIGN // min(sizes, default=ALIGN)
         pitch = b.set("pitch", b.select(b.add(ir.CmpOp("gt", cols, b.c(0))), b.round_up(cols, align), b.c(align)))
@@ -170,12 +173,15 @@ class SizeTiles(ModulePass):
             return b.select(fits, b.bin(ir.DivOp, room, safe), b.c(0))
 
         c2, c1 = cost(2), cost(1)
+        if k.attributes.get("schedule") == StringAttr("streamed"):
+            SizeTiles.size_streamed(k, b, bufs, n, cols, align, cores, ub, cost)
+            return
         double, single = rows_for(c2), rows_for(c1)
         two = b.add(ir.CmpOp("ge", double, b.c(1)))
         b.set("nbuf", b.select(two, b.c(2), b.c(1)))
         rows = b.select(two, double, single)
         b.check(b.add(ir.CmpOp("ge", rows, b.c(1))),
-                "a row does not fit the unified buffer (column tiles for such long rows are not implemented yet)")
+                "a whole row does not fit the unified buffer (the column-tile kernel takes over)")
         rows = b.add(ir.MinOp(rows, b.c(MAX_ROWS)))  # DataCopyPad moves at most 4095 rows at once
         rows = b.set("rows", b.add(ir.MinOp(rows, b.add(ir.MaxOp(n, b.c(1))))))
         # the column-sum phase's chunk: the cores share the columns, within what the walk leaves
@@ -207,6 +213,51 @@ class SizeTiles(ModulePass):
             b.set(x.bytes.data, nbytes)
 
 
+    @staticmethod
+    def size_streamed(k: t.KernelOp, b: _Builder, bufs: list[t.BufferOp], n: SSAValue, cols: SSAValue, align: int,
+                      cores: SSAValue, ub: SSAValue, cost: object) -> None:
+        """Column tiles: one row per tile, the longest chunk of columns (a multiple of the alignment)
+        whose buffers fit; the tile's pitch is the chunk."""
+        del cost
+        per_col, fixed = b.c(0), b.c(0)
+        for x in bufs:
+            nb = x.depth.data
+            lay, sz, xc = x.attributes["layout"].data, _itemsize(x), x.attributes["cols"].data  # type: ignore[attr-defined]
+            if lay in ("tile", "row") and xc != "CC":  # one row of the chunk
+                per_col = b.bin(ir.AddOp, per_col, b.c(nb * sz))
+            elif lay == "row":  # the column-sum phase: at least MIN_COL_CHUNK columns
+                fixed = b.bin(ir.AddOp, fixed, b.c(nb * sz * MIN_COL_CHUNK))
+            else:
+                fixed = b.bin(ir.AddOp, fixed, b.c(nb * ALIGN))
+        room = b.bin(ir.SubOp, ub, fixed)
+        chunk = b.bin(ir.DivOp, b.add(ir.MaxOp(room, b.c(0))), b.add(ir.MaxOp(per_col, b.c(1))))
+        chunk = b.bin(ir.MulOp, b.bin(ir.DivOp, chunk, b.c(align)), b.c(align))
+        chunk = b.add(ir.MinOp(chunk, b.round_up(b.add(ir.MaxOp(cols, b.c(1))), align)))
+        b.check(b.add(ir.CmpOp("ge", chunk, b.c(align))), "not even one 32-byte column tile fits the unified buffer")
+        b.set("nbuf", b.c(2))
+        b.set("rows", b.c(1))
+        pitch = b.set("pitch", chunk)
+        b.set("chunk", chunk)
+        b.set("chunks", b.cdiv(cols, chunk))
+        left = b.bin(ir.SubOp, room, b.bin(ir.MulOp, per_col, chunk))
+        cc_bytes = b.c(sum(_itemsize(x) * x.depth.data for x in bufs if x.attributes["cols"].data == "CC") or 1)  # type: ignore[attr-defined]
+        room_cols = b.bin(ir.MulOp, b.bin(ir.DivOp, b.bin(ir.DivOp, left, cc_bytes), b.c(8)), b.c(8))
+        cc = b.round_up(b.cdiv(b.add(ir.MaxOp(cols, b.c(1))), cores), 8)
+        cc = b.add(ir.MinOp(b.add(ir.MinOp(cc, b.c(MAX_COL_CHUNK))), b.bin(ir.AddOp, room_cols, b.c(MIN_COL_CHUNK))))
+        cc = b.set("col_chunk", cc)
+        tiles = b.set("tiles", b.select(b.add(ir.CmpOp("gt", cols, b.c(0))), n, b.c(0)))
+        b.set("group", b.c(1))
+        b.set("groups", tiles)
+        for x in bufs:
+            lay, sz = x.attributes["layout"].data, _itemsize(x)  # type: ignore[attr-defined]
+            if lay in ("tile", "row"):
+                width = cc if x.attributes["cols"].data == "CC" else pitch  # type: ignore[attr-defined]
+                nbytes = b.bin(ir.MulOp, width, b.c(sz))
+            else:
+                nbytes = b.c(ALIGN)
+            b.set(x.bytes.data, nbytes)
+
+
 class SplitCores(ModulePass):
     """The cores a launch uses: as many as there are row tiles or column chunks to share out."""
 
@@ -215,10 +266,10 @@ class SplitCores(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for k in op.body.block.ops:
             if isinstance(k, t.KernelOp):
-                tiling, bufs = _kernel_parts(k)
+                tiling, _ = _kernel_parts(k)
                 b = _Builder(tiling)
                 cores = b.platform("cores")
-                cols = b.dim(_cols_dim(bufs))
+                cols = b.dim(_cols_dim(k))
                 chunks = b.set("col_chunks", b.cdiv(cols, b.params["col_chunk"]))
                 work = b.add(ir.MaxOp(b.params["groups"], chunks))
                 b.set("block_dim", b.add(ir.MaxOp(b.add(ir.MinOp(cores, work)), b.c(1))))
