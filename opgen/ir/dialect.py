@@ -76,18 +76,13 @@ class SymbolicShape:
         return len(self.dims.data)
 
 
-@irdl_attr_definition
-class TensorType(SymbolicShape, ParametrizedAttribute, TypeAttribute):
-    """``!opgen.tensor<[N, D], T>``: a tensor of symbolic shape and (possibly variable) dtype."""
+class ShapedType(SymbolicShape):
+    """A type of exactly the two parameters ``dims`` and ``elem``, written ``<[N, D], T>``."""
 
-    name = "opgen.tensor"
-
-    dims: ArrayAttr[StringAttr]
-    elem: StringAttr
-
-    @staticmethod
-    def make(shape: Sequence[str | int], dtype: str) -> TensorType:
-        return TensorType(ArrayAttr([StringAttr(str(d)) for d in shape]), StringAttr(dtype))
+    @classmethod
+    def make(cls, shape: Sequence[str | int], dtype: str):
+        """An instance of this type with ``shape`` (names or sizes) and ``dtype``."""
+        return cls(ArrayAttr([StringAttr(str(d)) for d in shape]), StringAttr(dtype))
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
@@ -98,6 +93,16 @@ class TensorType(SymbolicShape, ParametrizedAttribute, TypeAttribute):
 
     def print_parameters(self, printer: Printer) -> None:
         printer.print_string(f"<[{', '.join(self.shape)}], {self.dtype}>")
+
+
+@irdl_attr_definition
+class TensorType(ShapedType, ParametrizedAttribute, TypeAttribute):
+    """``!opgen.tensor<[N, D], T>``: a tensor of symbolic shape and (possibly variable) dtype."""
+
+    name = "opgen.tensor"
+
+    dims: ArrayAttr[StringAttr]
+    elem: StringAttr
 
 
 def _i64s(values: Sequence[int]) -> DenseArrayBase:

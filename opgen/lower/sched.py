@@ -101,6 +101,18 @@ def _check_indices(op: IRDLOperation, buf: SSAValue, idx: Sequence[SSAValue]) ->
             raise VerifyException(f"{op.name}: indices must be i64 scalars")
 
 
+def kernel_parts(sym_name: str, arg_names: Sequence[str], arg_types: Sequence[Attribute],
+                 dtype_vars: DictionaryAttr) -> dict[str, object]:
+    """The properties and region of a kernel op (``sched.kernel``, ``tile.kernel``): its symbol,
+    parameter names, dtype variables, and one block whose arguments are the parameters."""
+    block = Block(arg_types=arg_types)
+    for a, n in zip(block.args, arg_names, strict=True):
+        a.name_hint = n
+    return {"properties": {"sym_name": StringAttr(sym_name), "arg_names": ArrayAttr([StringAttr(n) for n in arg_names]),
+                           "dtype_vars": dtype_vars},
+            "regions": [Region(block)]}
+
+
 @irdl_op_definition
 class KernelOp(IRDLOperation):
     """A kernel: block arguments are the op's parameters as buffers or scalars, in order."""
@@ -114,13 +126,7 @@ class KernelOp(IRDLOperation):
 
     def __init__(self, sym_name: str, arg_names: Sequence[str], arg_types: Sequence[Attribute],
                  dtype_vars: DictionaryAttr):
-        block = Block(arg_types=arg_types)
-        for a, n in zip(block.args, arg_names, strict=True):
-            a.name_hint = n
-        super().__init__(properties={"sym_name": StringAttr(sym_name),
-                                     "arg_names": ArrayAttr([StringAttr(n) for n in arg_names]),
-                                     "dtype_vars": dtype_vars},
-                         regions=[Region(block)])
+        super().__init__(**kernel_parts(sym_name, arg_names, arg_types, dtype_vars))
 
     def dtype_var_map(self) -> dict[str, tuple[dtypes.DType, ...]]:
         return {k: tuple(dtypes.by_name(x.data) for x in v.data)  # type: ignore[union-attr]

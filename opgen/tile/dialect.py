@@ -45,13 +45,12 @@ from xdsl.irdl import (
     var_operand_def,
     var_result_def,
 )
-from xdsl.parser import AttrParser
-from xdsl.printer import Printer
 from xdsl.traits import IsolatedFromAbove, IsTerminator, NoTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
-from opgen.ir.dialect import SymbolicShape, TensorType, parse_shape_and_dtype, tensor_type
+from opgen.ir.dialect import ShapedType, TensorType, tensor_type
+from opgen.lower.sched import kernel_parts
 
 INDEX = TensorType.make([], "i64")
 
@@ -92,29 +91,15 @@ class BufferKindAttr(EnumAttribute[BufferKind], SpacedOpaqueSyntaxAttribute):
 
 
 @irdl_attr_definition
-class GmType(SymbolicShape, ParametrizedAttribute, TypeAttribute):
+class GmType(ShapedType, ParametrizedAttribute, TypeAttribute):
     """``!tile.gm<[N, D], T>``: a dense row-major view of global memory (a kernel argument or a
-    region of the workspace). The host hands kernels dense tensors (it packs other layouts
-    first), so the row pitch is the last dim."""
+    region of the workspace). The host hands kernels dense tensors, so the row pitch is the last
+    dim."""
 
     name = "tile.gm"
 
     dims: ArrayAttr[StringAttr]
     elem: StringAttr
-
-    @staticmethod
-    def make(shape: Sequence[str | int], dtype: str) -> GmType:
-        return GmType(ArrayAttr([StringAttr(str(d)) for d in shape]), StringAttr(dtype))
-
-    @classmethod
-    def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
-        parser.parse_punctuation("<")
-        dims, elem = parse_shape_and_dtype(parser)
-        parser.parse_punctuation(">")
-        return [dims, elem]
-
-    def print_parameters(self, printer: Printer) -> None:
-        printer.print_string(f"<[{', '.join(self.shape)}], {self.dtype}>")
 
 
 def gm_type(v: SSAValue) -> GmType:
@@ -147,13 +132,7 @@ class KernelOp(IRDLOperation):
 
     def __init__(self, sym_name: str, arg_names: Sequence[str], arg_types: Sequence[Attribute],
                  dtype_vars: DictionaryAttr):
-        block = Block(arg_types=arg_types)
-        for a, n in zip(block.args, arg_names, strict=True):
-            a.name_hint = n
-        super().__init__(properties={"sym_name": StringAttr(sym_name),
-                                     "arg_names": ArrayAttr([StringAttr(n) for n in arg_names]),
-                                     "dtype_vars": dtype_vars},
-                         regions=[Region(block)])
+        super().__init__(**kernel_parts(sym_name, arg_names, arg_types, dtype_vars))
 
     def verify_(self) -> None:
         if len(self.arg_names.data) != len(self.body.block.args):
