@@ -78,6 +78,7 @@ def generate_common(ops: list[OpDef], cuda_ops: list[OpDef] | None = None,
         "ascendc/opgen_ascendc_kernel.h": render.render("ascendc/opgen_ascendc_kernel.h.j2"),
         "ascendc/opgen_ascendc_rt.cpp": render.render("ascendc/opgen_ascendc_rt.cpp.j2"),
         **facades.generate(ops),
+        **facades.generate(ascendc_ops if ascendc_ops is not None else ops, "ascendc"),
     }
 
 

@@ -98,8 +98,8 @@ def strided_view(base: np.ndarray, shape: tuple[int, ...], strides: tuple[int, .
 class Infini:
     """Minimal ctypes access to the infiniop facade (descriptors, Create, run, Destroy)."""
 
-    def __init__(self) -> None:
-        self.lib = lib()
+    def __init__(self, library: ctypes.CDLL | None = None) -> None:
+        self.lib = library or lib()
         L = self.lib
         L.infiniopCreateHandle.argtypes = [POINTER(c_void_p)]
         L.infiniopCreateTensorDescriptor.argtypes = [POINTER(c_void_p), c_size_t, POINTER(c_size_t),

@@ -140,6 +140,15 @@ def test_rms_norm_backward_on_the_model(seed_lib, tmp_path):
     _bitwise_across_cores(seed_lib, _rms_cases(), tmp_path)
 
 
+def test_infiniop_facade_of_the_ascend_library(seed_lib, tmp_path):
+    """infiniopRMSNormBackward on an ASCEND handle runs the Ascend kernels (the same facade code
+    as the CPU library's, over opgen_ascendc_rms_norm_backward)."""
+    rng = np.random.default_rng(5)
+    cases = [(f"infiniop-{T}", "infiniop:rms_norm_backward", rms_args(rng, T, (2, 9, 48), 0.0))
+             for T in ("f32", "f16", "bf16")]
+    _bitwise_across_cores(seed_lib, cases, tmp_path, cores=(1, 48))
+
+
 def test_rows_longer_than_the_unified_buffer_use_column_tiles(seed_lib, tmp_path):
     """D = 65,536 (and 9,000) f32/bf16 rows do not fit one tile: the column-tile kernel walks each
     row in chunks (the model aborts if the unified buffer is ever exceeded)."""

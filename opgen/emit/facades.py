@@ -409,8 +409,19 @@ def _digest(files: dict[str, str]) -> str:
     return h.hexdigest()[:16]
 
 
-def generate(ops: list[OpDef]) -> dict[str, str]:
-    """Every facade file, ``{path relative to generated/: text}``."""
+#: per library: where its facade sources go, the plain entry points they call, the infiniop
+#: device its handles are, and how a call's stream reaches the plain entry
+LIBRARIES = {
+    "cpu": {"dir": "cpu", "ext": "c", "plain": "opgen_", "device": "CPU", "stream": "", "rt": "opgen_rt.h"},
+    "ascendc": {"dir": "ascendc", "ext": "cpp", "plain": "opgen_ascendc_", "device": "ASCEND", "stream": ", stream",
+                "rt": "opgen_ascendc_rt.h"},
+}
+
+
+def generate(ops: list[OpDef], library: str = "cpu") -> dict[str, str]:
+    """Every facade file of ``library`` (``cpu``: every header too; ``ascendc``: the infiniop
+    facade of the Ascend library, device ``INFINI_DEVICE_ASCEND``, over ``opgen_ascendc_<op>``),
+    ``{path relative to generated/: text}``."""
     inf_ops: list[FacadeOp] = []
     acl_ops: list[FacadeOp] = []
     for o in ops:
@@ -460,6 +471,15 @@ def generate(ops: list[OpDef]) -> dict[str, str]:
     # compile.py hashes only the top-level include/*.h into its object keys: name the headers'
     # digest in every facade source so that any header change recompiles them
     ctx["headers_digest"] = _digest(headers)
+    if library != "cpu":
+        lib = LIBRARIES[library]
+        ctx.update(lib=lib)
+        out = {f"{lib['dir']}/facade_infiniop.h": r("infiniop/facade.h.j2", **ctx),
+               f"{lib['dir']}/facade_infiniop.{lib['ext']}": r("infiniop/facade.c.j2", **ctx)}
+        for m in inf_ops:
+            out[f"{lib['dir']}/facade_infiniop_{m.snake}.{lib['ext']}"] = r("infiniop/op.c.j2", op=m, **ctx)
+        return out
+    ctx.update(lib=LIBRARIES["cpu"])
     files = dict(headers)
     files["cpu/facade_infiniop.h"] = r("infiniop/facade.h.j2", **ctx)
     files["cpu/facade_aclnn.h"] = r("aclnn/facade.h.j2", **ctx)
