@@ -60,8 +60,9 @@ def generate_common(ops: list[OpDef], cuda_ops: list[OpDef] | None = None,
                     ascendc_ops: list[OpDef] | None = None) -> dict[str, str]:
     """Files shared by all ops: the public headers, the runtimes and the vendor facades
     (``cuda_ops``/``ascendc_ops``: the ops those targets' headers declare, default ``ops``)."""
-    from opgen.emit import cpu, facades, render
+    from opgen.emit import ascendc, cpu, facades, render
 
+    idx = ascendc.index_dtypes()
     infos = [cpu.header_info(o) for o in ops]
     cuda_infos = infos if cuda_ops is None else [cpu.header_info(o) for o in cuda_ops]
     asc_infos = infos if ascendc_ops is None else [cpu.header_info(o) for o in ascendc_ops]
@@ -76,7 +77,9 @@ def generate_common(ops: list[OpDef], cuda_ops: list[OpDef] | None = None,
         "include/opgen_ascendc.h": render.render("include/opgen_ascendc.h.j2", ops=asc_infos),
         "ascendc/opgen_ascendc_rt.h": render.render("ascendc/opgen_ascendc_rt.h.j2"),
         "ascendc/opgen_ascendc_kernel.h": render.render("ascendc/opgen_ascendc_kernel.h.j2"),
-        "ascendc/opgen_ascendc_rt.cpp": render.render("ascendc/opgen_ascendc_rt.cpp.j2"),
+        "ascendc/opgen_ascendc_rt.cpp": render.render("ascendc/opgen_ascendc_rt.cpp.j2", index_dtypes=idx),
+        "ascendc/opgen_ascendc_index.h": render.render("ascendc/opgen_ascendc_index.h.j2"),
+        "ascendc/opgen_ascendc_index.cpp": render.render("ascendc/opgen_ascendc_index.cpp.j2", index_dtypes=idx),
         **facades.generate(ops),
         **facades.generate(ascendc_ops if ascendc_ops is not None else ops, "ascendc"),
     }

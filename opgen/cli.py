@@ -62,25 +62,33 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _targets_line(o: OpDef) -> str:
-    """Per target: the dtype bindings it has kernels for (cpu and cuda: every one)."""
+    """Per target: the dtypes it has kernels for (cpu and cuda: every binding). On ascendc a dtype
+    variable of index tensors is served by converting them at the boundary (opgen/tile/indices.py)."""
     from opgen.emit import ascendc
-    from opgen.tile.lower import npu_bindings
+    from opgen.tile.indices import INDEX_DTYPES, free_dtype_vars, index_params
+    from opgen.tile.lower import NPU_DTYPES
 
     parts = ["cpu: all", "cuda: all"]
     why = ascendc.unsupported_reason(o)
     if why:
         parts.append(f"ascendc: not supported ({why})")
-    else:
-        func = next(iter(o.variants.values()))
-        bs = npu_bindings(func)
-        total = 1
-        for v in o.signature.dtype_vars().values():
-            total *= len(v.members)
-        if len(bs) == total:
-            parts.append("ascendc: all")
+        return " | ".join(parts)
+    func = next(iter(o.variants.values()))
+    free = free_dtype_vars(func)
+    params = {p.name: p for p in o.signature.params}
+    index_vars = {params[n].spec.dtype.name for n in index_params(func)}  # type: ignore[attr-defined]
+    missing, notes = [], []
+    for v in o.signature.dtype_vars().values():
+        if v.name in index_vars:
+            ok = INDEX_DTYPES
+            notes.append(f"{v.name} converted to int32 indices")
+        elif v.name in free:
+            ok = tuple(m.name for m in v.members)
         else:
-            shown = "; ".join(",".join(f"{k}={d.name}" for k, d in b.items()) for b in bs) or "none"
-            parts.append(f"ascendc: {shown} (no f64 or 64-bit integer kernels)")
+            ok = NPU_DTYPES
+        missing += [f"{v.name}={m.name}" for m in v.members if m.name not in ok]
+    text = "all" if not missing else f"all but {', '.join(missing)} (no 64-bit arithmetic on the NPU)"
+    parts.append(f"ascendc: {text}" + (f"; {'; '.join(notes)}" if notes else ""))
     return " | ".join(parts)
 
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from opgen import oracle, registry, runtime  # noqa: E402
 from opgen.binding import OpError  # noqa: E402
-from tests.cpu_cases import assert_c_close  # noqa: E402
+from tests.cpu_cases import assert_c_close, snapshot  # noqa: E402
 
 
 class AscendAbi:
@@ -66,6 +66,24 @@ def infiniop_rms(lib: AscendAbi, a: dict[str, Any]) -> dict[str, np.ndarray]:
     return {"grad_x": a["grad_x"], "grad_w": a["grad_w"]}
 
 
+def infiniop_eb(lib: AscendAbi, a: dict[str, Any]) -> dict[str, np.ndarray]:
+    """EmbeddingBackward (one table, alpha1 = 1, no accumulation) through the Ascend library's
+    infiniop facade: its call has no workspace, so the library allocates its own."""
+    from tests.test_abi_hardening import Infini
+
+    e = Infini(lib.lib)
+    st, desc = e.eb_create(e.tensor(a["dtable1"]), e.tensor(a["dy"]), e.tensor(a["i1"]))
+    if st != 0:
+        raise OpError("param", f"infiniopCreateEmbeddingBackwardDescriptor: {st}")
+    st = e.eb_run(desc, a["dtable1"], a["dy"], a["i1"])
+    if st != 0:
+        raise OpError("index" if st == 3 else "param", f"infiniopEmbeddingBackward: {st}")
+    return {"dtable1": a["dtable1"]}
+
+
+INFINIOP = {"rms_norm_backward": infiniop_rms, "embedding_backward": infiniop_eb}
+
+
 def run(lib: AscendAbi, cases: list[tuple[str, str, dict[str, Any]]]) -> tuple[list[str], dict[str, np.ndarray]]:
     failures: list[str] = []
     outs: dict[str, np.ndarray] = {}
@@ -77,10 +95,13 @@ def run(lib: AscendAbi, cases: list[tuple[str, str, dict[str, Any]]]) -> tuple[l
                                                                     for k, v in args.items()})
         except OpError as e:
             ref = e
+        before = snapshot(args)
         try:
-            got = infiniop_rms(lib, args) if facade == "infiniop" else runtime.call(op, lib=lib, **args)
+            got = INFINIOP[op](lib, args) if facade == "infiniop" else runtime.call(op, lib=lib, **args)
         except OpError as e:
             outs[f"status.{case}"] = np.array(e.status)
+            if snapshot(args) != before:
+                failures.append(f"{case}: refused with {e.status} but wrote to its arguments")
             if case.startswith("bad-"):  # refusals: the caller compares them with the CPU library's
                 continue
             if not isinstance(ref, OpError) or ref.status != e.status:

@@ -141,11 +141,16 @@ def test_rms_norm_backward_on_the_model(seed_lib, tmp_path):
 
 
 def test_infiniop_facade_of_the_ascend_library(seed_lib, tmp_path):
-    """infiniopRMSNormBackward on an ASCEND handle runs the Ascend kernels (the same facade code
-    as the CPU library's, over opgen_ascendc_rms_norm_backward)."""
+    """infiniopRMSNormBackward and infiniopEmbeddingBackward on an ASCEND handle run the Ascend
+    kernels (the same facade code as the CPU library's, over opgen_ascendc_<op>)."""
     rng = np.random.default_rng(5)
     cases = [(f"infiniop-{T}", "infiniop:rms_norm_backward", rms_args(rng, T, (2, 9, 48), 0.0))
              for T in ("f32", "f16", "bf16")]
+    from tests.cpu_cases import eb_args
+
+    for T, IT in (("f32", "i64"), ("bf16", "i32")):  # (the run has no workspace: the library allocates one)
+        a = eb_args(rng, T, IT, table2=False, acc=(False, False), alpha=(1.0, 0.0))
+        cases.append((f"infiniop-eb-{T}", "infiniop:embedding_backward", a))
     _bitwise_across_cores(seed_lib, cases, tmp_path, cores=(1, 48))
 
 
@@ -156,6 +161,61 @@ def test_rows_longer_than_the_unified_buffer_use_column_tiles(seed_lib, tmp_path
     cases = [(f"rms-{T}-{n}x{d}", "rms_norm_backward", rms_args(rng, T, (n, d), 1e-6))
              for T, n, d in (("f32", 2, 65536), ("bf16", 3, 9000))]
     _bitwise_across_cores(seed_lib, cases, tmp_path, cores=(1, 2))
+
+
+# ---------------------------------------------------------------------- scatter-adds
+
+def _edb(rng: np.random.Generator, T: str, IDX: str, idx: np.ndarray, D: int, V: int, pad: int,
+         scale: bool) -> dict[str, Any]:
+    from tests.cpu_cases import NP, filled, floats
+
+    return {"grad": floats(rng, (*idx.shape, D), T), "indices": idx.astype(NP[IDX]), "num_weights": V,
+            "padding_idx": pad, "scale_grad_by_freq": scale, "out": filled((V, D), T)}
+
+
+def _scatter_cases() -> list[tuple[str, str, dict[str, Any]]]:
+    """The three embedding backward seeds: every index dtype the NPU converts, both scale modes,
+    padding rows, duplicates (one row holding thousands of positions: more than a window), empty
+    tensors, D = 1 and D not a multiple of 16, V = 1, both tables / one table / accumulate flags."""
+    from tests.cpu_cases import eb_args, ebw_args, edb_args
+
+    rng = np.random.default_rng(21)
+    cases = []
+    for T in ("f32", "f16", "bf16"):
+        for IDX in ("f32", "f16", "i64", "i32", "i16", "i8", "u8", "bool"):
+            cases.append((f"edb-{T}-{IDX}", "embedding_dense_backward", edb_args(rng, T, IDX, scale=IDX != "i8")))
+    for T in ("f32", "bf16"):
+        for n, D, V, pad, scale in ((0, 5, 4, 1, True), (40, 1, 7, 0, True), (100, 33, 1, -1, True),
+                                    (300, 17, 2000, 5, False), (9, 0, 3, 1, True), (0, 3, 0, -1, False),
+                                    (5000, 16, 3, 2, True)):
+            cases.append((f"edb-{T}-{n}x{D}-V{V}", "embedding_dense_backward",
+                          _edb(rng, T, "i64", rng.integers(0, max(V, 1), n), D, V, pad, scale)))
+    for T in ("f32", "f16", "bf16"):
+        for IT in ("i64", "i32", "u8"):
+            cases.append((f"eb-{T}-{IT}", "embedding_backward", eb_args(rng, T, IT)))
+    cases.append(("eb-one-table", "embedding_backward", eb_args(rng, "f32", "i32", table2=False, acc=(False, False))))
+    cases.append(("eb-i2-only", "embedding_backward", eb_args(rng, "bf16", "i16", dtable2=False, alpha=(1.0, 0.5))))
+    cases.append(("eb-empty", "embedding_backward", eb_args(rng, "f32", "i64", N=0)))
+    for IT in ("u32", "i32", "i64"):
+        for W, T in (("f64", "bf16"), ("f16", "f32")):
+            cases.append((f"ebw-{IT}-{W}-{T}", "embedding_bw", ebw_args(rng, IT, W, T)))
+    return cases
+
+
+def test_scatter_adds_on_the_model(seed_lib, tmp_path):
+    """Owner-computes scatter-adds: every case against the oracle, the same bits on 1, 3 and 48
+    cores (each table row is summed in increasing position on any number of cores)."""
+    _bitwise_across_cores(seed_lib, _scatter_cases(), tmp_path)
+
+
+def test_scatter_add_extremes(seed_lib, tmp_path):
+    """D = 65,536 (column tiles) and V = 2^20 table rows: the unified buffer is never exceeded."""
+    rng = np.random.default_rng(4)
+    cases = [("edb-wide", "embedding_dense_backward",
+              _edb(rng, "f32", "i32", rng.integers(0, 4, 6), 65536, 4, 1, True)),
+             ("edb-tall", "embedding_dense_backward",
+              _edb(rng, "bf16", "i64", rng.integers(0, 2**20, 64), 1, 2**20, 7, True))]
+    _bitwise_across_cores(seed_lib, cases, tmp_path, cores=(1, 5))
 
 
 # ---------------------------------------------------------------------- new ops
@@ -197,6 +257,15 @@ def test_bad_input_gets_the_cpu_statuses(seed_lib, tmp_path):
         "overlap": dict(f32, grad_x=f32["x"]),
     }
     cases = [(f"bad-{k}", "rms_norm_backward", a) for k, a in bad.items()]
+    # indices out of range: negative, past the table, NaN; converted and checked before any write
+    edb = _edb(rng, "f32", "i64", np.array([0, 2, 1]), 4, 3, -1, True)
+    for k, idx in (("neg", np.array([0, -1, 1])), ("past", np.array([0, 3, 1])),
+                   ("nan", np.array([0.0, np.nan, 1.0], np.float32)), ("huge", np.array([0, 2**40, 1]))):
+        cases.append((f"bad-edb-{k}", "embedding_dense_backward", dict(edb, indices=idx, out=edb["out"].copy())))
+    eb = __import__("tests.cpu_cases", fromlist=["eb_args"]).eb_args(rng, "f32", "i32")
+    eb["i2"] = eb["i2"].copy()
+    eb["i2"][3] = 11  # N2 = 11
+    cases.append(("bad-eb-i2", "embedding_backward", eb))
     got = _run(seed_lib, cases, tmp_path, 4)
     for case, op, a in cases:
         try:
@@ -207,14 +276,21 @@ def test_bad_input_gets_the_cpu_statuses(seed_lib, tmp_path):
         assert str(got[f"status.{case}"]) == want != "ok", (case, str(got[f"status.{case}"]), want)
 
 
+def test_unsupported_bindings_are_a_status(seed_lib, tmp_path):
+    """f64 indices have no conversion on the NPU: a dtype status (the CPU library computes them)."""
+    rng = np.random.default_rng(8)
+    a = _edb(rng, "f32", "f64", np.array([0.0, 2.0, 1.0]), 4, 3, -1, True)
+    got = _run(seed_lib, [("bad-f64-indices", "embedding_dense_backward", a)], tmp_path, 2)
+    assert str(got["status.bad-f64-indices"]) == "dtype"
+
+
 # ---------------------------------------------------------------------- generation
 
 def test_unsupported_ops_are_named_not_built():
-    for name in ("embedding_backward", "embedding_dense_backward", "embedding_bw",
-                 "fused_linear_cross_entropy_loss_grad"):
-        why = ascendc.unsupported_reason(registry.get(name))
-        assert why in ("scatter_add", "bincount", "unpack_bits", "matmul", "gather"), (name, why)
-    assert ascendc.unsupported_reason(registry.get("rms_norm_backward")) is None
+    why = ascendc.unsupported_reason(registry.get("fused_linear_cross_entropy_loss_grad"))
+    assert why in ("unpack_bits", "matmul"), why
+    for name in ("rms_norm_backward", "embedding_backward", "embedding_dense_backward", "embedding_bw"):
+        assert ascendc.unsupported_reason(registry.get(name)) is None, name
 
 
 def test_static_report_meets_the_goals():
@@ -236,3 +312,27 @@ def test_static_report_meets_the_goals():
             assert r.kernel.endswith(".streamed") == (dims["D"] == 65536), (dims, r.kernel)
             if dims == {"N": 8192, "D": 4096}:
                 assert r.traffic_ratio <= 1.25 and r.cores == 48, r
+
+
+def test_static_report_of_the_scatter_adds():
+    """The embedding backward seeds at the benchmark size (V = 32,000, N = 8,192, D = 1,024): within
+    1.25x the minimum traffic on 48 cores; at D = 65,536 (column tiles) and V = 2^20 the unified
+    buffer holds."""
+    from opgen.passes import pipeline
+    from opgen.tile import dialect as tdl
+    from opgen.tile import report
+
+    plat = {"cores": 48, "ub_bytes": 196608}
+    for name, rows in (("embedding_dense_backward", ("V",)), ("embedding_bw", ("V",)),
+                       ("embedding_backward", ("N1", "N2"))):
+        m = registry.get(name).module()
+        pipeline.run(m, "ascendc")
+        ks = [k for k in m.body.block.ops if isinstance(k, tdl.KernelOp)
+              and k.sym_name.data.split(".")[0] in ("embedding_backward__i2_dtable2", name)]
+        for size in ({"N": 8192, "D": 1024, "V": 32000}, {"N": 6, "D": 65536, "V": 4}, {"N": 64, "D": 1, "V": 2**20}):
+            dims = {"N": size["N"], "D": size["D"], **{r: size["V"] for r in rows}}
+            for r in report.chosen(ks, dims, plat, traffic=size["V"] == 32000):
+                assert r.failed is None and r.ub_used <= r.ub_capacity, (dims, r)
+                assert r.kernel.endswith(".streamed") == (size["D"] == 65536), (dims, r.kernel)
+                if size["V"] == 32000:
+                    assert r.traffic_ratio <= 1.25 and r.cores == 48, r

@@ -12,4 +12,80 @@ __aicore__ inline void opgen_load_tiling(void *dst, GM_ADDR src, uint32_t bytes)
     for (uint32_t i = 0; i < bytes; i++) d[i] = *((__gm__ uint8_t *)src + i);
 }
 
+/* tile.segments: the segments of a block of table rows [row0, row0 + rows) in an int32 index
+ * tensor of n range-checked values — for each row r, the positions i with idx[i] == row0 + r,
+ * in increasing i, at places [Start(r), Start(r + 1)) of the block's sorted positions. Build
+ * scans the indices (seg_scan at a time, through the copy-in queue `scan`) to count each row's
+ * positions; At(p) returns the position at place p from a window of `window` places, which a
+ * further scan refills (placing each position with a running cursor per row) when p falls outside
+ * it. Everything lives in the core's unified buffer: the result never depends on other cores. */
+class OpgenSegments {
+public:
+    __aicore__ inline OpgenSegments(const AscendC::LocalTensor<int32_t> &start, const AscendC::LocalTensor<int32_t> &cur,
+                                    const AscendC::LocalTensor<int32_t> &win,
+                                    AscendC::TQue<AscendC::TPosition::VECIN, 1> &scan, int64_t window, int64_t chunk)
+        : start_(start), cur_(cur), win_(win), scan_(scan), window_(window), chunk_(chunk) {}
+
+    __aicore__ inline void Build(const AscendC::GlobalTensor<int32_t> &idx, int64_t n, int64_t row0, int64_t rows) {
+        idx_ = idx;
+        n_ = n;
+        row0_ = row0;
+        rows_ = rows;
+        for (int64_t r = 0; r <= rows; r++) start_.SetValue((uint32_t)r, 0);
+        for (int64_t i0 = 0; i0 < n; i0 += chunk_) {
+            const int64_t cnt = n - i0 < chunk_ ? n - i0 : chunk_;
+            AscendC::LocalTensor<int32_t> c = Load(i0, cnt);
+            for (int64_t i = 0; i < cnt; i++) {
+                const int64_t v = (int64_t)c.GetValue((uint32_t)i) - row0;
+                if (v >= 0 && v < rows) start_.SetValue((uint32_t)(v + 1), start_.GetValue((uint32_t)(v + 1)) + 1);
+            }
+            scan_.FreeTensor(c);
+        }
+        for (int64_t r = 0; r < rows; r++)
+            start_.SetValue((uint32_t)(r + 1), start_.GetValue((uint32_t)(r + 1)) + start_.GetValue((uint32_t)r));
+        w0_ = -1;
+    }
+
+    __aicore__ inline int64_t Start(int64_t r) const { return (int64_t)start_.GetValue((uint32_t)r); }
+
+    __aicore__ inline int64_t At(int64_t p) {
+        if (w0_ < 0 || p < w0_ || p >= w0_ + window_) Fill(p);
+        return (int64_t)win_.GetValue((uint32_t)(p - w0_));
+    }
+
+private:
+    __aicore__ inline AscendC::LocalTensor<int32_t> Load(int64_t i0, int64_t cnt) {
+        AscendC::LocalTensor<int32_t> c = scan_.AllocTensor<int32_t>();
+        AscendC::DataCopyPad(c, idx_[i0], AscendC::DataCopyExtParams{1, (uint32_t)(cnt * 4), 0, 0, 0},
+                             AscendC::DataCopyPadExtParams<int32_t>{false, 0, 0, 0});
+        scan_.EnQue(c);
+        c = scan_.DeQue<int32_t>();
+        AscendC::PipeBarrier<PIPE_ALL>(); /* scalar reads of the copied indices */
+        return c;
+    }
+
+    /* the window of places [w0, w0 + window) */
+    __aicore__ inline void Fill(int64_t w0) {
+        w0_ = w0;
+        for (int64_t r = 0; r < rows_; r++) cur_.SetValue((uint32_t)r, start_.GetValue((uint32_t)r));
+        for (int64_t i0 = 0; i0 < n_; i0 += chunk_) {
+            const int64_t cnt = n_ - i0 < chunk_ ? n_ - i0 : chunk_;
+            AscendC::LocalTensor<int32_t> c = Load(i0, cnt);
+            for (int64_t i = 0; i < cnt; i++) {
+                const int64_t v = (int64_t)c.GetValue((uint32_t)i) - row0_;
+                if (v < 0 || v >= rows_) continue;
+                const int64_t place = cur_.GetValue((uint32_t)v);
+                cur_.SetValue((uint32_t)v, (int32_t)(place + 1));
+                if (place >= w0 && place < w0 + window_) win_.SetValue((uint32_t)(place - w0), (int32_t)(i0 + i));
+            }
+            scan_.FreeTensor(c);
+        }
+    }
+
+    AscendC::LocalTensor<int32_t> start_, cur_, win_;
+    AscendC::TQue<AscendC::TPosition::VECIN, 1> &scan_;
+    AscendC::GlobalTensor<int32_t> idx_;
+    int64_t window_, chunk_, n_ = 0, row0_ = 0, rows_ = 0, w0_ = -1;
+};
+
 #endif /* OPGEN_ASCENDC_KERNEL_H */

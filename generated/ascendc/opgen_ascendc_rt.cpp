@@ -4,7 +4,20 @@
  * CPU runtime's, rendered from the same template; only the tail differs: device workspace (the
  * tiling data first), dense tensors required, kernels launched on the caller's stream. */
 #include "opgen_ascendc_rt.h"
+#include "opgen_ascendc_index.h"
 #include "tiling/platform/platform_ascendc.h"
+#include "aclrtlaunch_opgen_index_f32.h"
+#include "aclrtlaunch_opgen_index_f16.h"
+#include "aclrtlaunch_opgen_index_bf16.h"
+#include "aclrtlaunch_opgen_index_i64.h"
+#include "aclrtlaunch_opgen_index_i32.h"
+#include "aclrtlaunch_opgen_index_i16.h"
+#include "aclrtlaunch_opgen_index_i8.h"
+#include "aclrtlaunch_opgen_index_u64.h"
+#include "aclrtlaunch_opgen_index_u32.h"
+#include "aclrtlaunch_opgen_index_u16.h"
+#include "aclrtlaunch_opgen_index_u8.h"
+#include "aclrtlaunch_opgen_index_bool.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -34,6 +47,98 @@ int64_t opgen_ascendc_ub_bytes(void) {
 
 opgen_status_t opgen_ascendc_launched(const char *what) {
     (void)what;
+    return OPGEN_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ index conversion */
+/* the region's layout: tiling data, one 32-byte flag per core, the int32 indices */
+static size_t opgen_index_head(void) {
+    return opgen_sz_round64(opgen_sz_add(OPGEN_INDEX_TILING_BYTES, opgen_sz_mul((size_t)opgen_ascendc_cores(), 32)));
+}
+
+size_t opgen_ascendc_index_ws(int64_t n) {
+    return opgen_sz_add(opgen_index_head(), opgen_sz_round64(opgen_sz_mul(opgen_sz_dim(n), sizeof(int32_t))));
+}
+
+opgen_status_t opgen_ascendc_index_check(int64_t n, int64_t bound, const char *op, const char *what) {
+    if (n > INT32_MAX)
+        return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s: more than 2^31 - 1 indices (the NPU kernels index with int32)", op, what);
+    if (bound > INT32_MAX)
+        return opgen_fail(OPGEN_ERR_SHAPE, "%s: %s indexes more than 2^31 - 1 rows (the NPU kernels index with int32)",
+                          op, what);
+    return OPGEN_SUCCESS;
+}
+
+opgen_status_t opgen_ascendc_indices(opgen_buf_t *b, opgen_dtype_t dtype, int64_t n, int64_t bound, const char *op,
+                                     const char *what, const char *bound_name, char *ws, size_t *used, void *stream) {
+    *used = opgen_ascendc_index_ws(n);
+    opgen_status_t st = opgen_ascendc_index_check(n, bound, op, what);
+    if (st != OPGEN_SUCCESS) return st;
+    char *flags = ws + OPGEN_INDEX_TILING_BYTES;
+    char *out = ws + opgen_index_head();
+    if (n > 0) {
+        opgen_index_tiling_t tl;
+        tl.n = n;
+        tl.bound = bound;
+        tl.chunks = (n + OPGEN_INDEX_CHUNK - 1) / OPGEN_INDEX_CHUNK;
+        tl.block_dim = tl.chunks < opgen_ascendc_cores() ? tl.chunks : opgen_ascendc_cores();
+        if (aclrtMemcpy(ws, sizeof tl, &tl, sizeof tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
+            return opgen_fail(OPGEN_ERR_INTERNAL, "%s: cannot copy the index tiling data", op);
+        switch (dtype) {
+        case OPGEN_F32:
+            ACLRT_LAUNCH_KERNEL(opgen_index_f32)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, flags, ws);
+            break;
+        case OPGEN_F16:
+            ACLRT_LAUNCH_KERNEL(opgen_index_f16)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, flags, ws);
+            break;
+        case OPGEN_BF16:
+            ACLRT_LAUNCH_KERNEL(opgen_index_bf16)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, flags, ws);
+            break;
+        case OPGEN_I64:
+            ACLRT_LAUNCH_KERNEL(opgen_index_i64)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, flags, ws);
+            break;
+        case OPGEN_I32:
+            ACLRT_LAUNCH_KERNEL(opgen_index_i32)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, flags, ws);
+            break;
+        case OPGEN_I16:
+            ACLRT_LAUNCH_KERNEL(opgen_index_i16)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, flags, ws);
+            break;
+        case OPGEN_I8:
+            ACLRT_LAUNCH_KERNEL(opgen_index_i8)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, flags, ws);
+            break;
+        case OPGEN_U64:
+            ACLRT_LAUNCH_KERNEL(opgen_index_u64)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, flags, ws);
+            break;
+        case OPGEN_U32:
+            ACLRT_LAUNCH_KERNEL(opgen_index_u32)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, flags, ws);
+            break;
+        case OPGEN_U16:
+            ACLRT_LAUNCH_KERNEL(opgen_index_u16)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, flags, ws);
+            break;
+        case OPGEN_U8:
+            ACLRT_LAUNCH_KERNEL(opgen_index_u8)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, flags, ws);
+            break;
+        case OPGEN_BOOL:
+            ACLRT_LAUNCH_KERNEL(opgen_index_bool)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, flags, ws);
+            break;
+        default:
+            return opgen_fail(OPGEN_ERR_DTYPE, "%s: %s: this index dtype is not converted on the NPU", op, what);
+        }
+        st = opgen_ascendc_launched("opgen_index");
+        if (st != OPGEN_SUCCESS) return st;
+        /* the flags decide whether the op runs at all: wait for them */
+        if (aclrtSynchronizeStream((aclrtStream)stream) != ACL_SUCCESS)
+            return opgen_fail(OPGEN_ERR_INTERNAL, "%s: the index conversion failed", op);
+        int32_t f[8];
+        for (int64_t c = 0; c < tl.block_dim; c++) {
+            if (aclrtMemcpy(f, sizeof f, flags + 32 * c, sizeof f, ACL_MEMCPY_DEVICE_TO_HOST) != ACL_SUCCESS)
+                return opgen_fail(OPGEN_ERR_INTERNAL, "%s: cannot read the index check", op);
+            if (f[0]) return opgen_fail(OPGEN_ERR_INDEX, "%s: %s: index out of range [0, %s)", op, what, bound_name);
+        }
+    }
+    b->data = out;
+    b->st[0] = 1;
+    b->ro = NULL;
     return OPGEN_SUCCESS;
 }
 

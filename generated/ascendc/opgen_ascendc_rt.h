@@ -38,6 +38,7 @@ static inline size_t opgen_sz_add(size_t a, size_t b) {
     return r;
 }
 static inline size_t opgen_sz_dim(int64_t d) { return d < 0 ? SIZE_MAX : (size_t)d; }
+static inline size_t opgen_sz_round64(size_t n) { return n > SIZE_MAX - 63 ? SIZE_MAX : (n + 63) / 64 * 64; }
 
 typedef union {
     float f;
@@ -95,6 +96,14 @@ opgen_status_t opgen_fail(opgen_status_t st, const char *fmt, ...);
 /* Vector cores of the current device and the bytes of one core's unified buffer. */
 int64_t opgen_ascendc_cores(void);
 int64_t opgen_ascendc_ub_bytes(void);
+/* Index tensors (opgen/tile/indices.py): the workspace one conversion of n indices takes; the
+ * limits of int32 indexing (OPGEN_ERR_SHAPE); and the conversion itself: b's n indices of `dtype`
+ * to int32 in `ws` (its first *used bytes), each in [0, bound) else OPGEN_ERR_INDEX naming
+ * `what` and `bound_name`; b then points at the converted indices. It waits for the stream. */
+size_t opgen_ascendc_index_ws(int64_t n);
+opgen_status_t opgen_ascendc_index_check(int64_t n, int64_t bound, const char *op, const char *what);
+opgen_status_t opgen_ascendc_indices(opgen_buf_t *b, opgen_dtype_t dtype, int64_t n, int64_t bound, const char *op,
+                                     const char *what, const char *bound_name, char *ws, size_t *used, void *stream);
 /* OPGEN_SUCCESS, or OPGEN_ERR_INTERNAL with the runtime's error of the last launch. */
 opgen_status_t opgen_ascendc_launched(const char *what);
 

@@ -37,6 +37,7 @@ static inline size_t opgen_sz_add(size_t a, size_t b) {
     return r;
 }
 static inline size_t opgen_sz_dim(int64_t d) { return d < 0 ? SIZE_MAX : (size_t)d; }
+static inline size_t opgen_sz_round64(size_t n) { return n > SIZE_MAX - 63 ? SIZE_MAX : (n + 63) / 64 * 64; }
 
 typedef union {
     float f;

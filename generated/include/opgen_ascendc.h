@@ -24,6 +24,21 @@ extern "C" {
 /* Message describing the last failure of an Ascend-library call on the calling thread ("" if none). */
 OPGEN_API const char *opgen_ascendc_last_error(void);
 
+/* embedding_backward: ``dtable_k[i_k[n]] += alpha_k * dy[n]`` (duplicates summed); a table whose ``acc`` flag is (see opgen_embedding_backward in opgen.h) */
+OPGEN_API opgen_status_t opgen_ascendc_embedding_backward(const opgen_tensor_t *dy, const opgen_tensor_t *i1, const opgen_tensor_t *i2, float alpha1, float alpha2, bool dtable1_acc, bool dtable2_acc, const opgen_tensor_t *dtable1, const opgen_tensor_t *dtable2, void *workspace, size_t workspace_size, void *stream);
+/* Bytes of device workspace opgen_ascendc_embedding_backward needs for these arguments (data pointers unused). */
+OPGEN_API opgen_status_t opgen_ascendc_embedding_backward_workspace_size(const opgen_tensor_t *dy, const opgen_tensor_t *i1, const opgen_tensor_t *i2, float alpha1, float alpha2, bool dtable1_acc, bool dtable2_acc, const opgen_tensor_t *dtable1, const opgen_tensor_t *dtable2, size_t *size);
+
+/* embedding_bw: ``out = 0; out[indices[n]] += grad[n]``; ``weight`` only supplies V (the ttnn facade (see opgen_embedding_bw in opgen.h) */
+OPGEN_API opgen_status_t opgen_ascendc_embedding_bw(const opgen_tensor_t *indices, const opgen_tensor_t *weight, const opgen_tensor_t *grad, const opgen_tensor_t *out, void *workspace, size_t workspace_size, void *stream);
+/* Bytes of device workspace opgen_ascendc_embedding_bw needs for these arguments (data pointers unused). */
+OPGEN_API opgen_status_t opgen_ascendc_embedding_bw_workspace_size(const opgen_tensor_t *indices, const opgen_tensor_t *weight, const opgen_tensor_t *grad, const opgen_tensor_t *out, size_t *size);
+
+/* embedding_dense_backward: ``out = 0; out[idx[n]] += grad[n] * s(n)`` skipping rows equal to ``padding_idx`` (a (see opgen_embedding_dense_backward in opgen.h) */
+OPGEN_API opgen_status_t opgen_ascendc_embedding_dense_backward(const opgen_tensor_t *grad, const opgen_tensor_t *indices, int64_t num_weights, int64_t padding_idx, bool scale_grad_by_freq, const opgen_tensor_t *out, void *workspace, size_t workspace_size, void *stream);
+/* Bytes of device workspace opgen_ascendc_embedding_dense_backward needs for these arguments (data pointers unused). */
+OPGEN_API opgen_status_t opgen_ascendc_embedding_dense_backward_workspace_size(const opgen_tensor_t *grad, const opgen_tensor_t *indices, int64_t num_weights, int64_t padding_idx, bool scale_grad_by_freq, const opgen_tensor_t *out, size_t *size);
+
 /* rms_norm_backward: Backward of ``y = x / r * w`` with ``r = sqrt(mean(x^2) + eps)`` over the last dim: (see opgen_rms_norm_backward in opgen.h) */
 OPGEN_API opgen_status_t opgen_ascendc_rms_norm_backward(const opgen_tensor_t *grad_y, const opgen_tensor_t *x, const opgen_tensor_t *w, float eps, const opgen_tensor_t *grad_x, const opgen_tensor_t *grad_w, void *workspace, size_t workspace_size, void *stream);
 /* Bytes of device workspace opgen_ascendc_rms_norm_backward needs for these arguments (data pointers unused). */

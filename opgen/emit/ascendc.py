@@ -25,6 +25,7 @@ Op -> text, one IR op at a time:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
@@ -37,13 +38,14 @@ from opgen.ir import dialect as ir
 from opgen.passes import pipeline
 from opgen.tile import dialect as t
 from opgen.tile.buffers import layout
+from opgen.tile.indices import INDEX_DTYPES
 from opgen.tile.lower import TileUnsupported
 from opgen.tile.sizes import TILING_BYTES
 
 #: storage C types on the AI core
 ACL_CTYPE = {"f32": "float", "f16": "half", "bf16": "bfloat16_t", "i32": "int32_t", "i64": "int64_t",
              "i16": "int16_t", "i8": "int8_t", "u8": "uint8_t", "bool": "uint8_t", "u16": "uint16_t",
-             "u32": "uint32_t"}
+             "u32": "uint32_t", "u64": "uint64_t"}
 #: scalar C types
 SCALAR_CTYPE = {"f32": "float", "i64": "int64_t", "bool": "bool", "i32": "int32_t"}
 
@@ -55,6 +57,18 @@ UNARY_VEC = {ir.ExpOp: "Exp", ir.LogOp: "Ln", ir.SqrtOp: "Sqrt", ir.RsqrtOp: "Rs
 REDUCE_VEC = {"sum": "ReduceSum", "max": "ReduceMax", "min": "ReduceMin"}
 C_BINARY = {ir.AddOp: "+", ir.SubOp: "-", ir.MulOp: "*", ir.AndOp: "&&", ir.OrOp: "||"}
 C_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+def index_dtypes() -> list[dict[str, object]]:
+    """The index dtypes the runtime's conversion kernels read (opgen/tile/indices.py): name, C
+    type, the type the range check reads, whether the vector unit widens them first, C enum."""
+    out: list[dict[str, object]] = []
+    for name in INDEX_DTYPES:
+        d = dtypes.by_name(name)
+        read = "float" if d.is_float else ("uint64_t" if name == "u64" else "int64_t")
+        out.append({"name": name, "ctype": ACL_CTYPE[name], "read": read, "widen": name in ("f16", "bf16"),
+                    "enum": f"OPGEN_{name.upper()}"})
+    return out
 
 
 def inst_name(kernel: t.KernelOp) -> str:
@@ -278,6 +292,19 @@ class AscendPrinter:
             self.line(f"DataCopy({dst}, {self.name(op.x)}, {self.copy_count(op.result)});")
         elif isinstance(op, t.ReduceOp):
             self.reduce(op)
+        elif isinstance(op, t.SegmentsOp):
+            n = self.fresh("seg")
+            self.names[op.result] = n
+            start, cur, win, scan = op.attributes["buffers"].data.split()  # type: ignore[attr-defined]
+            gm = t.gm_type(op.idx)
+            self.line(f"OpgenSegments {n}({start}, {cur}, {win}, q_{scan}, tl.seg_window, tl.seg_scan);")
+            self.line(f"{n}.Build({self.name(op.idx)}, d_{gm.shape[0]}, {self.name(op.row0)}, {self.name(op.nrows)});")
+        elif isinstance(op, t.SegStartOp):
+            self.define(op.result, f"{self.name(op.segs)}.Start({self.name(op.row)})")
+        elif isinstance(op, t.SegAtOp):
+            self.define(op.result, f"{self.name(op.segs)}.At({self.name(op.pos)})")
+        elif isinstance(op, t.AddRowOp):
+            self.add_row(op)
         elif op.results and ir.tensor_type(op.results[0]).rank == 2:
             self.tile_op(op)
         elif op.results:
@@ -409,6 +436,9 @@ class AscendPrinter:
         if type(op) in UNARY_VEC:
             self.line(f"{UNARY_VEC[type(op)]}({dst}, {self.name(op.operands[0])}, {count});")
             return
+        if isinstance(op, ir.SelectOp):
+            self.select(op, dst)
+            return
         if isinstance(op, ir.NegOp):
             self.line(f"Muls({dst}, {self.name(op.x)}, (float)-1, {count});")
             return
@@ -470,6 +500,41 @@ class AscendPrinter:
         self.depth -= 1
         self.line("}")
 
+    def add_row(self, op: t.AddRowOp) -> None:
+        """``acc[row] += value`` in place (plan-buffers gave the result the accumulator's buffer)."""
+        acc = self.name(op.acc)
+        self.names[op.result] = acc
+        pitch = self.pitch_of(op.acc)
+        row = f"{acc}[{self.name(op.row)} * {pitch}]"
+        folded = self._bcast(op.value)
+        if folded is not None:
+            self.line(f"Adds({row}, {row}, {folded[1]}, (int32_t){pitch});")
+        else:
+            self.line(f"Add({row}, {row}, {self.name(op.value)}, (int32_t){pitch});")
+
+    def select(self, op: ir.SelectOp, dst: str) -> None:
+        """A select on tiles whose condition is one scalar (a folded broadcast): a copy of the
+        operand it picks."""
+        cond = self._bcast(op.cond)
+        if cond is None or cond[0] != "scalar":
+            raise TileUnsupported(self.k.sym_name.data, "a select on tiles by a per-element condition")
+        v = op.result
+        count = self.count_of(v)
+        self.line(f"if ({cond[1]}) {{")
+        for i, x in enumerate((op.a, op.b)):
+            if i == 1:
+                self.line("} else {")
+            b = self._bcast(x)
+            self.depth += 1
+            if b is not None and b[0] == "scalar":
+                self.line(f"Duplicate({dst}, {b[1]}, {count});")
+            elif b is None:
+                self.line(f"DataCopy({dst}, {self.name(x)}, {self.copy_count(v)});")
+            else:
+                raise TileUnsupported(self.k.sym_name.data, "a select of a broadcast row or column")
+            self.depth -= 1
+        self.line("}")
+
     def reduce(self, op: t.ReduceOp) -> None:
         v = op.result
         dst = self.target(v)
@@ -511,7 +576,7 @@ class AscendPrinter:
     def host_tiling(self) -> str:
         """``<inst>_tiling(dims, sc, cores, ub_bytes, tl)``: the tiling region, then the op's checks."""
         saved = self.lines, self.depth, dict(self.names)
-        self.lines, self.depth = [], 1
+        self.lines, self.depth, self.names = [], 1, {}  # (the kernel's names are not the host's)
         for d, i in ((d, i) for i, d in enumerate(self.dims)):
             self.line(f"const int64_t d_{d} = dims[{i}]; (void)d_{d};")
             self.line(f"tl->dims[{i}] = d_{d};")
@@ -606,6 +671,93 @@ def host_entries(base: str, insts: list[str]) -> str:
     return "\n".join([*size, *pre, *run]) + "\n"
 
 
+def chain_entries(base: str, parts: list[str]) -> str:
+    """The entry of an op whose outputs lie in several row groups: their kernels one after the
+    other, each in its own part of the workspace."""
+    args = "bufs, dims, sc"
+    size = [f"static size_t {base}_ws(const int64_t *dims) {{", "    size_t s = 0;"]
+    size += [f"    s = opgen_sz_add(s, opgen_sz_round64({p}_ws(dims)));" for p in parts]
+    size += ["    return s;", "}"]
+    pre = [f"static opgen_status_t {base}_pre(const opgen_buf_t *bufs, const int64_t *dims, "
+           "const opgen_scalar_t *sc) {", "    opgen_status_t st = OPGEN_SUCCESS;"]
+    pre += [f"    if ((st = {p}_pre({args})) != OPGEN_SUCCESS) return st;" for p in parts]
+    pre += ["    return st;", "}"]
+    run = [f"static opgen_status_t {base}(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, "
+           "char *ws, void *stream) {", "    opgen_status_t st = OPGEN_SUCCESS;", "    size_t off = 0;"]
+    for p in parts:
+        run += [f"    if ((st = {p}({args}, ws + off, stream)) != OPGEN_SUCCESS) return st;",
+                f"    off += opgen_sz_round64({p}_ws(dims));"]
+    run += ["    return st;", "}"]
+    return "\n".join([*size, *pre, *run]) + "\n"
+
+
+@dataclass
+class _Index:
+    """An index parameter a host entry converts: position, name, dtype, C count, bounds."""
+
+    index: int
+    name: str
+    dtype: str
+    count: str
+    bounds: list[tuple[str, str]]  # (dim name, C value)
+
+
+def _served(o: OpDef, k: t.KernelOp, base: str, dims: list[str],
+            pidx: dict[str, int]) -> list[tuple[dict[str, dtypes.DType], str, list[_Index]]]:
+    """Every full dtype binding the kernels of ``k``'s binding serve (each member of the free
+    dtype variables: index dtypes the runtime converts, dtypes of unread tensors), with the host
+    entry that serves it and the index parameters it converts (opgen/tile/indices.py)."""
+    sig_vars = o.signature.dtype_vars()
+    binding = {v: dtypes.by_name(d.data) for v, d in k.dtype_vars.data.items()}  # type: ignore[attr-defined]
+    indices = {n: [b.data for b in arr.data] for n, arr in k.attributes["indices"].data.items()}  # type: ignore[attr-defined]
+    free = [v.data for v in k.attributes["free"].data]  # type: ignore[attr-defined]
+    params = {p.name: p for p in o.signature.params}
+    index_vars = {params[n].spec.dtype.name for n in indices}  # type: ignore[attr-defined]
+    choices = [[m for m in sig_vars[v].members if v not in index_vars or m.name in INDEX_DTYPES] for v in free]
+    names = [a.data for a in k.arg_names.data]
+    out = []
+    for combo in itertools.product(*choices):
+        full = {**binding, **dict(zip(free, combo, strict=True))}
+        idx = []
+        for n, bounds in indices.items():
+            spec_dt = params[n].spec.dtype  # type: ignore[attr-defined]
+            dt = full[spec_dt.name] if spec_dt.name in full else spec_dt
+            gm = t.gm_type(k.body.block.args[names.index(n)])
+            count = " * ".join(f"dims[{dims.index(d)}]" if not d.isdigit() else d for d in gm.shape) or "1"
+            idx.append(_Index(pidx[n], n, dt.name, count, [(b, f"dims[{dims.index(b)}]" if not b.isdigit() else b)
+                                                            for b in bounds]))
+        fn = base + "".join(f"__{i.dtype}" for i in idx)
+        out.append(({v: full[v] for v in sig_vars}, fn, idx))
+    return out
+
+
+def index_entries(fn: str, base: str, op: str, idx: list[_Index], nparams: int) -> str:
+    """The host entry of one binding of the index dtypes: each index parameter converted to int32
+    (and checked) in its own part of the workspace, then the kernels of ``base``."""
+    size = [f"static size_t {fn}_ws(const int64_t *dims) {{", f"    size_t s = {base}_ws(dims);"]
+    size += [f"    s = opgen_sz_add(s, opgen_ascendc_index_ws({i.count}));" for i in idx]
+    size += ["    return s;", "}"]
+    pre = [f"static opgen_status_t {fn}_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {{",
+           "    opgen_status_t st = OPGEN_SUCCESS;"]
+    run = [f"static opgen_status_t {fn}(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, "
+           "char *ws, void *stream) {", f"    opgen_buf_t b[{nparams}];", "    memcpy(b, bufs, sizeof b);",
+           "    opgen_status_t st = OPGEN_SUCCESS;", "    size_t used = 0, part = 0;"]
+    for i in idx:
+        (name0, v0), rest = i.bounds[0], i.bounds[1:]
+        bound = [f"        int64_t bound = {v0};", f'        const char *bound_name = "{name0}";']
+        bound += [f'        if ({v} < bound) {{ bound = {v}; bound_name = "{n}"; }}' for n, v in rest]
+        pre += ["    {", *bound, "        (void)bound_name;",
+                f'        if ((st = opgen_ascendc_index_check({i.count}, bound, "{op}", "{i.name}")) != OPGEN_SUCCESS) '
+                "return st;", "    }"]
+        run += ["    {", *bound,
+                f"        st = opgen_ascendc_indices(&b[{i.index}], OPGEN_{i.dtype.upper()}, {i.count}, bound, "
+                f'"{op}", "{i.name}", bound_name, ws + used, &part, stream);',
+                "        if (st != OPGEN_SUCCESS) return st;", "        used += part;", "    }"]
+    pre += [f"    return {base}_pre(bufs, dims, sc);", "}"]
+    run += [f"    return {base}(b, dims, sc, ws + used, stream);", "}"]
+    return "\n".join([*size, *pre, *run]) + "\n"
+
+
 # ---------------------------------------------------------------------- translation unit
 def kernels(o: OpDef) -> dict[tuple[str, ...], list[t.KernelOp]]:
     """Each valid variant's kernel instances after the ascendc pipeline (TileUnsupported when the
@@ -641,23 +793,35 @@ def op_sources(o: OpDef) -> dict[str, str]:
             '#include "opgen_ascendc_rt.h"', f'#include "{o.name}_tiling.h"']
     host_body: list[str] = []
     inst: dict[tuple[str, ...], list[cpu.Instance]] = {}
+    wrappers: set[str] = set()
     for present, kl in ks.items():
-        groups: dict[str, list[t.KernelOp]] = {}  # variant x binding -> its schedules, in order
+        groups: dict[str, dict[int, list[t.KernelOp]]] = {}  # variant x binding -> row group -> schedules
         for k in kl:
-            groups.setdefault(".".join(k.sym_name.data.split(".")[:1 + len(k.dtype_vars.data)]), []).append(k)
-        for sched in groups.values():
-            names = []
-            for k in sched:
-                p = AscendPrinter(k, dims, pidx)
-                tiling.append(p.tiling_struct())
-                kern.append(p.kernel())
-                host.append(f'#include "aclrtlaunch_{p.inst}.h"')
-                host_body += [p.host_tiling(), p.launcher()]
-                names.append(p.inst)
-            base = f"h_{names[0]}"
-            host_body.append(host_entries(base, names))
-            binding = {v: dtypes.by_name(d.data) for v, d in sched[0].dtype_vars.data.items()}  # type: ignore[attr-defined]
-            inst.setdefault(present, []).append(cpu.Instance(present, binding, base))
+            key = ".".join(k.sym_name.data.split(".")[:1 + len(k.dtype_vars.data)])
+            groups.setdefault(key, {}).setdefault(k.attributes["part"].data, []).append(k)  # type: ignore[attr-defined]
+        for key, partmap in groups.items():
+            bases = []
+            for _, sched in sorted(partmap.items()):
+                names = []
+                for k in sched:
+                    p = AscendPrinter(k, dims, pidx)
+                    tiling.append(p.tiling_struct())
+                    kern.append(p.kernel())
+                    host.append(f'#include "aclrtlaunch_{p.inst}.h"')
+                    host_body += [p.host_tiling(), p.launcher()]
+                    names.append(p.inst)
+                bases.append(f"h_{names[0]}")
+                host_body.append(host_entries(bases[-1], names))
+            base = bases[0]
+            if len(bases) > 1:
+                base = "h_" + key.replace(".", "_")
+                host_body.append(chain_entries(base, bases))
+            first = next(iter(partmap.values()))[0]
+            for full, fn, idx in _served(o, first, base, dims, pidx):
+                if idx and fn not in wrappers:
+                    wrappers.add(fn)
+                    host_body.append(index_entries(fn, base, o.name, idx, len(o.signature.params)))
+                inst.setdefault(present, []).append(cpu.Instance(present, full, fn))
     tiling.append(f"#endif /* {guard} */")
     host += ["", *host_body, *_tables(o, inst)]
     host += cpu.entry_points(o, prefix="opgen_ascendc_", run="opgen_ascendc_run", extra_params=", void *stream",

@@ -8,10 +8,14 @@
   the same dtype and layout once every use of its value is over (a linear scan over the program,
   a value used inside a loop stays live to the loop's end);
 * a loop-carried tile (its initial value, the block argument, the yielded value and the loop's
-  result) keeps one compute buffer;
+  result) keeps one compute buffer — through nested loops too, so ``tile.add_row`` accumulates
+  in place;
 * a broadcast of a scalar, of a per-row value ([R, 1]) or of a column vector ([1, c]) whose every
   use is an add, sub, mul, max or min is *folded* into those ops (they read the row's scalar or
-  the vector directly) and gets no buffer;
+  the vector directly) and gets no buffer; so is a broadcast scalar a select or an add_row reads;
+* ``tile.segments`` gets its on-chip table: the segment starts and running cursors of a block's
+  rows (``segrows``: ``seg_rows + 1`` int32 each), a window of sorted positions (``segwin``) and a
+  copy-in queue for the indices it scans (``segchunk``), named by its ``buffers`` attribute;
 * a value copied out that no op of the walk computed (a loop's result, an input tile) is first
   moved into its copy-out queue (``tile.move``).
 Queue tiles are given back with ``tile.release`` after their last use.
@@ -79,9 +83,13 @@ def folded(op: Operation) -> bool:
     src = ir.tensor_type(op.x)
     if src.rank == 2 and src.shape == ir.tensor_type(op.result).shape:
         return False
-    return all(isinstance(u.operation, FOLDABLE) and u.operation.result.type == op.result.type
-               and layout(ir.tensor_type(u.operation.result).shape) in ("tile", "vec", "row")
-               for u in op.result.uses)
+    def reads_directly(u: Operation) -> bool:
+        if isinstance(u, ir.SelectOp | t.AddRowOp):
+            return src.rank == 0 and (not isinstance(u, t.AddRowOp) or u.value is op.result)
+        return (isinstance(u, FOLDABLE) and u.result.type == op.result.type
+                and layout(ir.tensor_type(u.result).shape) in ("tile", "vec", "row"))
+
+    return all(reads_directly(u.operation) for u in op.result.uses)
 
 
 class _Planner:
@@ -198,9 +206,10 @@ class _Planner:
                 for init, arg, val, res in zip(op.inits, op.body.block.args[1:], y.values, op.res, strict=True):
                     if not is_tile(init):
                         continue
-                    s = self.new(t.BufferKind.CALC, init, 1)
+                    s = self.slot_of.get(init) or self.new(t.BufferKind.CALC, init, 1)  # (nested carries)
                     for x in (init, arg, val, res):
-                        self.assign(x, s)
+                        if self.slot_of.get(x) is not s:
+                            self.assign(x, s)
         # everything else, in program order
         for op, _ in _ops(self.k.body.block):
             if isinstance(op, t.TilingOp) or (op.parent_op() is not None and isinstance(op.parent_op(), t.TilingOp)):
@@ -212,6 +221,17 @@ class _Planner:
                     op.attributes["folded"] = StringAttr("yes")
                     continue
                 self.assign(r, self.calc(r))
+        # the tables of tile.segments
+        for op, _ in _ops(self.k.body.block):
+            if isinstance(op, t.SegmentsOp):
+                n = len([x for x in self.slots if x.layout == "segwin"]) + 1
+                syms = []
+                for role, kind, lay in (("start", t.BufferKind.CALC, "segrows"), ("cur", t.BufferKind.CALC, "segrows"),
+                                        ("win", t.BufferKind.CALC, "segwin"), ("scan", t.BufferKind.IN, "segchunk")):
+                    slot = _Slot(f"seg{n}{role}", kind, "i32", lay, "1", 1)
+                    self.slots.append(slot)
+                    syms.append(slot.sym)
+                op.attributes["buffers"] = StringAttr(" ".join(syms))
         # scratch of the reductions along rows: a 32-byte result and a row of work space
         row_reduces = [op for op, _ in _ops(self.k.body.block) if isinstance(op, t.ReduceOp) and op.axis.data == 1]
         if row_reduces:

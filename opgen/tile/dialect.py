@@ -376,6 +376,94 @@ class ReduceOp(IRDLOperation):
             raise VerifyException("tile.reduce: a 2-D tile along axis 0 or 1")
 
 
+# ------------------------------------------------------------------------------ owner-computes scatter
+
+
+@irdl_attr_definition
+class SegmentsType(ParametrizedAttribute, TypeAttribute):
+    """``!tile.segs``: the segments of one index tensor over a block of rows, held on chip."""
+
+    name = "tile.segs"
+
+
+@irdl_op_definition
+class SegmentsOp(IRDLOperation):
+    """The positions ``n`` of a (range-checked, int32) index tensor ``idx`` whose value lies in
+    the block of rows ``[row0, row0 + nrows)``, sorted by (value, n): each row's *segment*. The
+    core scans every index (its segment table and a window of the sorted positions live on chip),
+    so the segments of a block never depend on other cores — an owner-computes scatter-add sums
+    each row's segment in increasing ``n`` on whatever number of cores."""
+
+    name = "tile.segments"
+    idx = operand_def(GmType)
+    row0 = operand_def(TensorType)
+    nrows = operand_def(TensorType)
+    result = result_def(SegmentsType)
+
+    def __init__(self, idx: SSAValue, row0: SSAValue, nrows: SSAValue):
+        super().__init__(operands=[idx, row0, nrows], result_types=[SegmentsType()])
+
+    def verify_(self) -> None:
+        _index(self, self.row0, self.nrows)
+        gm = gm_type(self.idx)
+        if gm.dtype != "i32" or gm.rank != 1:
+            raise VerifyException("tile.segments: the indices are a rank-1 int32 view")
+
+
+@irdl_op_definition
+class SegStartOp(IRDLOperation):
+    """Where the segment of the block's row ``r`` starts among the block's sorted positions
+    (``r = nrows`` gives their number)."""
+
+    name = "tile.seg_start"
+    segs = operand_def(SegmentsType)
+    row = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    def __init__(self, segs: SSAValue, row: SSAValue):
+        super().__init__(operands=[segs, row], result_types=[INDEX])
+
+    def verify_(self) -> None:
+        _index(self, self.row)
+
+
+@irdl_op_definition
+class SegAtOp(IRDLOperation):
+    """The position ``n`` at place ``p`` of the block's sorted positions."""
+
+    name = "tile.seg_at"
+    segs = operand_def(SegmentsType)
+    pos = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    def __init__(self, segs: SSAValue, pos: SSAValue):
+        super().__init__(operands=[segs, pos], result_types=[INDEX])
+
+    def verify_(self) -> None:
+        _index(self, self.pos)
+
+
+@irdl_op_definition
+class AddRowOp(IRDLOperation):
+    """``acc`` with ``value`` (a one-row tile) added to its row ``row``: the accumulation step of
+    an owner-computes scatter-add (the result lives in ``acc``'s buffer)."""
+
+    name = "tile.add_row"
+    acc = operand_def(TensorType)
+    row = operand_def(TensorType)
+    value = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    def __init__(self, acc: SSAValue, row: SSAValue, value: SSAValue):
+        super().__init__(operands=[acc, row, value], result_types=[acc.type])
+
+    def verify_(self) -> None:
+        _index(self, self.row)
+        a, v = tensor_type(self.acc), tensor_type(self.value)
+        if a.rank != 2 or v.shape != ("1", a.shape[1]) or a.dtype != v.dtype:
+            raise VerifyException("tile.add_row: a [1, c] row of the accumulator's dtype")
+
+
 # ------------------------------------------------------------------------------ buffers (plan-buffers)
 
 
@@ -426,5 +514,6 @@ class ReleaseOp(IRDLOperation):
 
 
 Tile = Dialect("tile", [KernelOp, TilingOp, PlatformOp, SetParamOp, ParamOp, BlockIdxOp, BlockNumOp, ForOp, YieldOp,
-                        SyncAllOp, WorkspaceOp, CopyInOp, CopyOutOp, ReduceOp, BufferOp, MoveOp, ReleaseOp],
-                   [MemSpaceAttr, BufferKindAttr, GmType])
+                        SyncAllOp, WorkspaceOp, CopyInOp, CopyOutOp, ReduceOp, SegmentsOp, SegStartOp, SegAtOp,
+                        AddRowOp, BufferOp, MoveOp, ReleaseOp],
+                   [MemSpaceAttr, BufferKindAttr, GmType, SegmentsType])

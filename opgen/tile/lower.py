@@ -25,19 +25,20 @@ import itertools
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import DictionaryAttr, ModuleOp, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, ModuleOp, StringAttr
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from opgen import dtypes
 from opgen.ir import dialect as ir
 from opgen.lower.row_groups import RowGroupLowering
-from opgen.lower.to_loops import NotFusable
+from opgen.lower.to_loops import NotFusable, _Lowering
 from opgen.tile import dialect as t
+from opgen.tile.indices import IndexUnsupported, free_dtype_vars, index_params
+from opgen.tile.scatter import ScatterWalk
 
 #: L0 ops the tile level has no form for yet (name -> what the message calls it)
-UNSUPPORTED = {ir.GatherOp: "gather", ir.ScatterAddOp: "scatter_add", ir.BincountOp: "bincount",
-               ir.MatmulOp: "matmul", ir.UnpackBitsOp: "unpack_bits", ir.TransposeOp: "transpose",
+UNSUPPORTED = {ir.MatmulOp: "matmul", ir.UnpackBitsOp: "unpack_bits", ir.TransposeOp: "transpose",
                ir.IotaOp: "iota", ir.PowOp: "pow", ir.TanhOp: "tanh"}
 
 #: tile dims: rows of a tile, and the columns of a column tile (streamed schedule)
@@ -65,8 +66,10 @@ def compute_dtype(d: dtypes.DType) -> str:
 
 
 def npu_bindings(func: ir.FuncOp) -> list[dict[str, dtypes.DType]]:
-    """The dtype bindings of ``func`` an NPU target instantiates (every member computable)."""
-    dvars = func.dtype_var_map()
+    """The dtype bindings of ``func`` an NPU target instantiates (every member computable), over
+    its dtype variables that are not free (opgen/tile/indices.py)."""
+    free = free_dtype_vars(func)
+    dvars = {k: v for k, v in func.dtype_var_map().items() if k not in free}
     out = []
     for combo in itertools.product(*dvars.values()):
         if all(d.name in NPU_DTYPES for d in combo):
@@ -88,27 +91,41 @@ class _Group:
     x: str  # the rows' dim
     outputs: list[tuple[str, SSAValue]] = field(default_factory=list)
     colreds: list[tuple[str, ir.ReduceOp]] = field(default_factory=list)
+    scatters: list[ir.ScatterAddOp] = field(default_factory=list)  # row-local scatter-adds
 
 
-class TileLowering:
-    """Lowers one ``opgen.func`` (see the module docstring)."""
+class TileLowering(ScatterWalk):
+    """Lowers row group ``part`` of one ``opgen.func`` (see the module docstring)."""
 
-    def __init__(self, func: ir.FuncOp, binding: dict[str, dtypes.DType], streamed: bool = False):
+    def __init__(self, func: ir.FuncOp, binding: dict[str, dtypes.DType], streamed: bool = False, part: int = 0):
         self.func = func
         self.name = func.sym_name.data
         self.binding = binding
         self.streamed = streamed
+        self.part = part
+        self.free = free_dtype_vars(func)
         self.names = [a.data for a in func.arg_names.data]
         self.ret = func.body.block.last_op
         assert isinstance(self.ret, ir.ReturnOp)
         self.in_memory = set(func.in_memory_scalars)
 
+    def unsupported(self, what: str) -> TileUnsupported:
+        return TileUnsupported(self.name, what)
+
     # ------------------------------------------------------------------ analysis
     def check_supported(self) -> None:
+        try:
+            self.index = index_params(self.func)
+        except IndexUnsupported as e:
+            raise TileUnsupported(self.name, str(e)) from None
         for op in self.func.body.block.walk():
             what = UNSUPPORTED.get(type(op))
             if what:
                 raise TileUnsupported(self.name, what)
+            if isinstance(op, ir.BincountOp) and not _Lowering.counted_by_segments(op):
+                raise TileUnsupported(self.name, "bincount")
+            if isinstance(op, ir.GatherOp) and not isinstance(op.table.owner, ir.BincountOp):
+                raise TileUnsupported(self.name, "gather")
             if isinstance(op, ir.CheckOp) and ir.tensor_type(op.cond).rank:
                 raise TileUnsupported(self.name, "checks on tensor data")
             if isinstance(op, ir.ReduceOp):
@@ -122,19 +139,19 @@ class TileLowering:
             if n in self.in_memory:
                 raise TileUnsupported(self.name, f"a rank-0 tensor parameter ({n})")
 
-    def plan(self) -> _Group:
-        """The single row group every output belongs to (the loop level's plan)."""
+    def plan(self) -> list[_Group]:
+        """The row groups of the outputs (the loop level's plan); a kernel walks one of them."""
         try:
             groups = RowGroupLowering(self.func, set(self.func.aliased_outputs)).plan()
         except NotFusable as e:
             raise TileUnsupported(self.name, f"outputs that are not row-wise ({e})") from None
-        if len(groups) != 1:
-            raise TileUnsupported(self.name, "outputs over several row dims")
-        g = groups[0]
-        for m in g.rowlocal:
-            if not isinstance(m.owner, ir.ReduceOp):
-                raise TileUnsupported(self.name, "a row-local scatter_add")
-        return _Group(g.dim, list(g.outputs), list(g.colreds))
+        out = []
+        for g in groups:
+            scatters = [m.owner for m in g.rowlocal if isinstance(m.owner, ir.ScatterAddOp)]
+            if scatters and g.colreds:
+                raise TileUnsupported(self.name, "a column reduction beside a scatter_add")
+            out.append(_Group(g.dim, list(g.outputs), list(g.colreds), scatters))  # type: ignore[arg-type]
+        return out
 
     def kind_of(self, v: SSAValue, x: str) -> _Kind:
         shape = ir.tensor_type(v).shape
@@ -153,16 +170,30 @@ class TileLowering:
     # ------------------------------------------------------------------ build
     def run(self) -> t.KernelOp:
         self.check_supported()
-        g = self.plan()
+        groups = self.plan()
+        g = groups[self.part]
         x = g.x
         arg_types = []
-        for a in self.func.body.block.args:
+        for n, a in zip(self.names, self.func.body.block.args, strict=True):
             tt = ir.tensor_type(a)
-            arg_types.append(tt if tt.rank == 0 else t.GmType.make(tt.shape, self.dt(tt.dtype)))
-        # one symbol per instance and schedule
-        sym = ".".join([self.name, *(d.name for d in self.binding.values()), *(["streamed"] if self.streamed else [])])
+            if tt.rank == 0:
+                arg_types.append(tt)
+            elif n in self.index:  # converted to int32 by the host (opgen/tile/indices.py)
+                arg_types.append(t.GmType.make(tt.shape, "i32"))
+            elif tt.dtype in self.free:  # never read
+                arg_types.append(t.GmType.make(tt.shape, "u8"))
+            else:
+                arg_types.append(t.GmType.make(tt.shape, self.dt(tt.dtype)))
+        # one symbol per instance, row group and schedule
+        sym = ".".join([self.name, *(d.name for d in self.binding.values()),
+                        *([f"part{self.part}"] if len(groups) > 1 else []), *(["streamed"] if self.streamed else [])])
         k = t.KernelOp(sym, [*self.names, "workspace"], [*arg_types, t.GmType.make(["W"], "u8")],
                        DictionaryAttr({v: StringAttr(d.name) for v, d in self.binding.items()}))
+        k.attributes["part"] = IntAttr(self.part)
+        k.attributes["indices"] = DictionaryAttr({n: ArrayAttr([StringAttr(d) for d in ip.bounds])
+                                                  for n, ip in self.index.items()})
+        k.attributes["free"] = ArrayAttr([StringAttr(v) for v in sorted(self.free)])
+        self.scatters = g.scatters
         self.block = k.body.block
         self.args = dict(zip(self.names, k.body.block.args, strict=False))
         self.env: dict[SSAValue, SSAValue] = {}  # L0 value -> tile-level value
@@ -180,7 +211,12 @@ class TileLowering:
         self.tcols = CHUNK if self.streamed else self.cols  # a tile's column dim
         self.rowvals: dict[SSAValue, SSAValue] = {}
         self.emit_checks()
-        if self.streamed:
+        if g.scatters:
+            if self.streamed and (self.cols == "1" or self._row_reductions()):
+                raise TileUnsupported(self.name, "column tiles of a scatter_add's rows")
+            k.attributes["schedule"] = StringAttr("streamed" if self.streamed else "resident")
+            self.emit_scatter_walk()
+        elif self.streamed:
             if self.cols == "1":
                 raise TileUnsupported(self.name, "column tiles of rows of one element")
             k.attributes["schedule"] = StringAttr("streamed")
@@ -193,14 +229,24 @@ class TileLowering:
         return k
 
     def _column_dim(self, g: _Group) -> str:
-        cols = {self.kind_of(v, g.x).cols for _, v in g.outputs} | \
-            {self.kind_of(r.x, g.x).cols for _, r in g.colreds}
-        cols.discard("1")
-        for op in self.func.body.block.ops:
-            for r in op.results:
-                k = self.kind_of(r, g.x)
-                if k.cols != "1":
-                    cols.add(k.cols)
+        """The length of the group's rows (every value the group reads has it, or is a column)."""
+        cols: set[str] = set()
+        pos = {ir.tensor_type(op.idx).shape[0] for op in g.scatters}
+        todo = [v for _, v in g.outputs] + [r.x for _, r in g.colreds]
+        seen: set[SSAValue] = set()
+        while todo:
+            v = todo.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            shape = ir.tensor_type(v).shape
+            if shape and shape[0] in pos:  # read at a scatter-add's positions
+                if len(shape) == 2:
+                    cols.add(shape[1])
+            elif (k := self.kind_of(v, g.x)).cols != "1":
+                cols.add(k.cols)
+            if isinstance(v.owner, Operation):
+                todo.extend(v.owner.operands)
         if len(cols) > 1:
             raise TileUnsupported(self.name, f"rows of different lengths {sorted(cols)}")
         return cols.pop() if cols else "1"
@@ -315,12 +361,7 @@ class TileLowering:
         for (_, r), acc in zip(self.group.colreds, loop.body.block.args[1:], strict=True):
             part = self.add(t.ReduceOp("sum", self.tile(r.x), 0, self.nrows))
             accs.append(self.add(ir.AddOp(acc, part)))  # tile order within the group
-        outs = [(name, self._cast_tile(self.tile(v), self.dt(ir.tensor_type(v).dtype)), v)
-                for name, v in sorted(self.group.outputs, key=lambda nv: nv[0] in self.func.aliased_outputs)]
-        for name, val, v in outs:
-            if isinstance(val.owner, t.CopyInOp):
-                raise TileUnsupported(self.name, f"an output ({name}) that is an unmodified input")
-            self.add(t.CopyOutOp(val, self.args[name], self.row0, self.nrows, self.zero, self.ncols_of(v)))
+        self.copy_outputs()
         self.add(t.YieldOp(accs))
         self.cur = outer.body.block
         for i, ((_, r), total) in enumerate(zip(self.group.colreds, loop.res, strict=True)):
@@ -330,6 +371,16 @@ class TileLowering:
             self.add(t.CopyOutOp(total, ws, outer.iv, self.one, self.zero, self.ncols))
         self.add(t.YieldOp())
         self.anchor = None
+
+    def copy_outputs(self) -> None:
+        """Every output's tile of the current row tile (and column chunk), computed and copied
+        out; outputs that alias an input last (reads before writes)."""
+        outs = [(name, self._cast_tile(self.tile(v), self.dt(ir.tensor_type(v).dtype)), v)
+                for name, v in sorted(self.group.outputs, key=lambda nv: nv[0] in self.func.aliased_outputs)]
+        for name, val, v in outs:
+            if isinstance(val.owner, t.CopyInOp):
+                raise TileUnsupported(self.name, f"an output ({name}) that is an unmodified input")
+            self.add(t.CopyOutOp(val, self.args[name], self.row0, self.nrows, self.col0_of(v), self.ncols_of(v)))
 
     def ncols_of(self, v: SSAValue) -> SSAValue:
         return self.ncols if self.kind_of(v, self.x).cols != "1" else self.one
@@ -364,6 +415,8 @@ class TileLowering:
             raw = self.add(t.CopyInOp(src, self.row0, self.nrows, self.col0_of(v), self.ncols_of(v),
                                       self.tile_shape(v)))
             res = self._cast(raw, self.cdt(v))
+        elif isinstance(v.owner, ir.ScatterAddOp):
+            res = self.scatter_tile(v.owner)
         else:
             res = self._tile_op(v.owner, v)  # type: ignore[arg-type]
         self.env[v] = res
@@ -480,11 +533,7 @@ class TileLowering:
                           self.block)
             self.partials.append(ws)
             self.add(t.CopyOutOp(part, ws, outer.iv, self.one, self.col0, self.ncols))
-        for name, v in sorted(self.group.outputs, key=lambda nv: nv[0] in self.func.aliased_outputs):
-            val = self._cast_tile(self.tile(v), self.dt(ir.tensor_type(v).dtype))
-            if isinstance(val.owner, t.CopyInOp):
-                raise TileUnsupported(self.name, f"an output ({name}) that is an unmodified input")
-            self.add(t.CopyOutOp(val, self.args[name], self.row0, self.nrows, self.col0_of(v), self.ncols_of(v)))
+        self.copy_outputs()
         self.add(t.YieldOp())
         self.cur = row_scope
         self.add(t.YieldOp())
@@ -556,8 +605,17 @@ class TileLowering:
         self.add(t.YieldOp())
 
 
-def lower_func(func: ir.FuncOp, binding: dict[str, dtypes.DType], streamed: bool = False) -> t.KernelOp:
-    return TileLowering(func, binding, streamed).run()
+def lower_func(func: ir.FuncOp, binding: dict[str, dtypes.DType], streamed: bool = False,
+               part: int = 0) -> t.KernelOp:
+    return TileLowering(func, binding, streamed, part).run()
+
+
+def parts(func: ir.FuncOp) -> int:
+    """How many row groups (kernels run one after the other) the function's outputs need."""
+    try:
+        return len(RowGroupLowering(func, set(func.aliased_outputs)).plan())
+    except NotFusable:
+        return 1  # (lowering it reports why)
 
 
 class LowerToTiles(ModulePass):
@@ -568,10 +626,11 @@ class LowerToTiles(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in list(op.body.block.ops):
             if isinstance(f, ir.FuncOp):
-                for b in npu_bindings(f):  # per dtype binding (per compute type): whole rows, or
-                    op.body.block.insert_op_before(lower_func(f, b), f)  # rows in column tiles
-                    try:
-                        op.body.block.insert_op_before(lower_func(f, b, streamed=True), f)
-                    except TileUnsupported:
-                        pass  # (rows of one element always fit)
+                for b in npu_bindings(f):  # per dtype binding (per compute type) and row group:
+                    for part in range(parts(f)):  # whole rows, or rows in column tiles
+                        op.body.block.insert_op_before(lower_func(f, b, part=part), f)
+                        try:
+                            op.body.block.insert_op_before(lower_func(f, b, streamed=True, part=part), f)
+                        except TileUnsupported:
+                            pass  # (rows of one element always fit)
                 op.body.block.erase_op(f)

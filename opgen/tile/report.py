@@ -3,7 +3,10 @@ host would compute, on-chip bytes used of the capacity, global-memory bytes move
 fewest the op must move (each input read once, each output written once), and cores used.
 
 It interprets the ``tile.tiling`` region and walks the kernel's loops with the concrete sizes,
-summing the bytes of every ``tile.copy_in`` / ``tile.copy_out`` over all cores.
+summing the bytes of every ``tile.copy_in`` / ``tile.copy_out`` over all cores. A scatter-add's
+segments assume indices spread evenly over the table rows, and count each scan of the (int32)
+indices: one to count, one per window of positions (opgen/tile/scatter.py). The index
+conversion before the kernels (reading each index once, writing it as int32) is not counted.
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ class _Eval:
             return self.core
         if isinstance(op, t.BlockNumOp):
             return self.params["block_dim"]
+        if isinstance(op, t.SegStartOp):
+            b0, _, n, rows = self.env[op.segs]  # type: ignore[misc]
+            r = int(self.val(op.row))
+            return n * (b0 + r) // max(rows, 1) - n * b0 // max(rows, 1)
+        if isinstance(op, t.SegAtOp):
+            return int(self.val(op.pos))
         a = [self.val(o) for o in op.operands]
         if isinstance(op, ir.AddOp):
             return a[0] + a[1]
@@ -119,8 +128,9 @@ def _gm_bytes(v: SSAValue, dims: dict[str, int]) -> int:
     return n
 
 
-def report(k: t.KernelOp, dims: dict[str, int], platform: dict[str, int]) -> Report:
-    """The static report of kernel ``k`` at ``dims`` on a device with ``platform`` values."""
+def report(k: t.KernelOp, dims: dict[str, int], platform: dict[str, int], traffic: bool = True) -> Report:
+    """The static report of kernel ``k`` at ``dims`` on a device with ``platform`` values
+    (``traffic=False``: the tiling and on-chip bytes only, without walking the loops)."""
     params, failed = tiling(k, dims, platform)
     r = Report(k.sym_name.data, params, failed, ub_capacity=platform["ub_bytes"])
     if failed:
@@ -137,49 +147,92 @@ def report(k: t.KernelOp, dims: dict[str, int], platform: dict[str, int]) -> Rep
         if isinstance(op, t.CopyOutOp) and isinstance(op.dst.owner, Block):
             outs.add(op.dst)
     for n, a in zip(names, k.body.block.args, strict=True):
-        if isinstance(a.type, t.GmType) and n != "workspace":
-            r.gm_min += _gm_bytes(a, dims)  # each tensor read or written once
+        if isinstance(a.type, t.GmType) and n != "workspace" and a.uses:
+            ways = {type(u.operation) for u in a.uses} & {t.CopyInOp, t.CopyOutOp, t.SegmentsOp}
+            r.gm_min += _gm_bytes(a, dims) * max(len(ways - {t.SegmentsOp}) or 1, 1)  # read once / written once
     moved = 0
-    for core in range(r.cores):
+    plans: _Plans = {}
+    for core in range(r.cores if traffic else 0):
         e = _Eval(dims, platform, params)
         e.core = core
-        moved += _walk(k.body.block, e)
+        moved += _walk(k.body.block, e, plans)
     r.gm_moved = moved
     return r
 
 
-def _walk(block: Block, e: _Eval) -> int:
+_Plans = dict[Block, list[tuple[str, Operation, list[SSAValue]]]]
+
+
+def _plan(block: Block, plans: _Plans) -> list[tuple[str, Operation, list[SSAValue]]]:
+    """The ops of ``block`` that move data or loop (scalars are evaluated when read), with each
+    loop's per-iteration values (cached in ``plans``)."""
+    if block not in plans:
+        steps: list[tuple[str, Operation, list[SSAValue]]] = []
+        for op in block.ops:
+            if isinstance(op, t.ForOp):
+                steps.append(("for", op, [r for sub in op.body.block.walk() for r in sub.results]))
+            elif isinstance(op, t.SegmentsOp):
+                steps.append(("segs", op, []))
+            elif isinstance(op, t.CopyInOp | t.CopyOutOp):
+                steps.append(("copy", op, []))
+        plans[block] = steps
+    return plans[block]
+
+
+def _walk(block: Block, e: _Eval, plans: _Plans) -> int:
     moved = 0
-    for op in block.ops:
-        if isinstance(op, t.ForOp):
+    for kind, op, inner in _plan(block, plans):
+        if kind == "for":
+            assert isinstance(op, t.ForOp)
             lo, hi, step = (int(e.val(x)) for x in (op.lo, op.hi, op.step))
             for i in range(lo, hi, max(step, 1)):
                 e.env[op.iv] = i
-                moved += _walk(op.body.block, e)
-                for sub in op.body.block.walk():  # values of the body are per iteration
-                    for res in sub.results:
-                        e.env.pop(res, None)
-        elif isinstance(op, t.CopyInOp | t.CopyOutOp):
-            gm = t.gm_type(op.src if isinstance(op, t.CopyInOp) else op.dst)
-            tt = ir.tensor_type(op.result if isinstance(op, t.CopyInOp) else op.value)
-            moved += int(e.val(op.nrows)) * int(e.val(op.ncols)) * dtypes.by_name(tt.dtype).itemsize
-            del gm
+                moved += _walk(op.body.block, e, plans)
+                for res in inner:
+                    e.env.pop(res, None)
+        elif kind == "segs":
+            assert isinstance(op, t.SegmentsOp)
+            n = int(e.dims[t.gm_type(op.idx).shape[0]])
+            rows = _segment_rows(op, e)
+            b0, nb = int(e.val(op.row0)), int(e.val(op.nrows))
+            e.env[op.result] = (b0, nb, n, rows)  # type: ignore[assignment]
+            count = n * (b0 + nb) // max(rows, 1) - n * b0 // max(rows, 1)
+            win = e.params["seg_window"]
+            fills = -(-count // win) * (e.params.get("chunks", 1) if count > win else 1)
+            moved += 4 * n * (1 + fills)
+        else:
+            tt = ir.tensor_type(op.result if isinstance(op, t.CopyInOp) else op.value)  # type: ignore[attr-defined]
+            moved += int(e.val(op.nrows)) * int(e.val(op.ncols)) * dtypes.by_name(tt.dtype).itemsize  # type: ignore[attr-defined]
     return moved
 
 
-def chosen(kernels: list[t.KernelOp], dims: dict[str, int], platform: dict[str, int]) -> list[Report]:
+def _segment_rows(op: t.SegmentsOp, e: _Eval) -> int:
+    """The table rows the segments' index tensor indexes (the rows the kernel walks)."""
+    k = op.parent_op()
+    while not isinstance(k, t.KernelOp):
+        k = k.parent_op()  # type: ignore[union-attr]
+    for x in k.body.block.walk():
+        if isinstance(x, t.CopyOutOp) and ir.tensor_type(x.value).shape[0] != "1":
+            d = t.gm_type(x.dst).shape[0]
+            return int(d) if d.isdigit() else e.dims[d]
+    return 1
+
+
+def chosen(kernels: list[t.KernelOp], dims: dict[str, int], platform: dict[str, int],
+           traffic: bool = True) -> list[Report]:
     """For each variant x dtype binding, the report of the schedule the host runs at these sizes
     (the first, in the lowering's order, whose tiling succeeds; else the last one's refusal)."""
     groups: dict[str, list[t.KernelOp]] = {}
     for k in kernels:
         n = len(k.dtype_vars.data)
-        groups.setdefault(".".join(k.sym_name.data.split(".")[:1 + n]), []).append(k)
+        part = k.attributes["part"].data if "part" in k.attributes else 0  # type: ignore[attr-defined]
+        groups.setdefault(".".join(k.sym_name.data.split(".")[:1 + n]) + f"#{part}", []).append(k)
     out = []
     for ks in groups.values():
         for i, k in enumerate(ks):
             _, failed = tiling(k, dims, platform)
             if failed is None or i == len(ks) - 1:
-                out.append(report(k, dims, platform))
+                out.append(report(k, dims, platform, traffic))
                 break
     return out
 

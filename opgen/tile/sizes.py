@@ -8,6 +8,10 @@
   values ``rows`` elements (rounded up to 32 bytes). Copy queues are two deep (double buffering)
   when two fit, else one deep (``nbuf``). ``rows`` never depends on the number of cores, so the
   column reductions' partial sums — and so the results — are the same on any number of cores.
+* a scatter-add's walk (opgen/tile/scatter.py) takes blocks of ``seg_rows`` table rows — as
+  many rows as give every core a block, at most ``SEG_ROWS`` (its segment table lives on chip:
+  two int32 per row, a window of ``SEG_WINDOW`` sorted positions and a ``SEG_SCAN``-index copy-in
+  buffer); its row tiles are at most a block high. The sums never depend on the blocks.
 * ``split-cores`` — how many cores the launch uses (``block_dim``): the walks are block-cyclic over
   whatever number the launch gets, so this only decides how busy the cores are.
 * ``plan-workspace`` — where the tiling data and every ``tile.workspace`` region sit in the call's
@@ -27,6 +31,8 @@ from opgen.tile import dialect as t
 
 #: bytes the tiling data may take at the start of the workspace
 TILING_BYTES = 512
+#: buffer layouts of tile.segments (plan-buffers)
+SEG_LAYOUTS = ("segrows", "segwin", "segchunk")
 #: the alignment of on-chip tiles and copies (bytes)
 ALIGN = 32
 #: largest and smallest column chunk of the column-sum phase (elements)
@@ -36,6 +42,10 @@ MIN_COL_CHUNK = 8
 MAX_ROWS = 4095
 #: rows per partial sum of a column reduction (the partials' traffic is 2/GROUP_ROWS of a pass)
 GROUP_ROWS = 64
+#: most table rows of a scatter-add block; sorted positions one window holds; indices per scan copy
+SEG_ROWS = 2048
+SEG_WINDOW = 2048
+SEG_SCAN = 1024
 
 
 class _Builder:
@@ -161,6 +171,8 @@ class SizeTiles(ModulePass):
                     fixed = b.bin(ir.AddOp, fixed, b.c(nb * sz * MIN_COL_CHUNK))
                 elif lay == "row":
                     fixed = b.bin(ir.AddOp, fixed, b.bin(ir.MulOp, pitch, b.c(nb * sz)))
+                elif lay in SEG_LAYOUTS:  # sized by size_segments
+                    fixed = b.bin(ir.AddOp, fixed, b.params[x.bytes.data])
                 else:  # scratch: one 32-byte block
                     fixed = b.bin(ir.AddOp, fixed, b.c(nb * ALIGN))
             return per_row, fixed, per_col
@@ -172,6 +184,7 @@ class SizeTiles(ModulePass):
             safe = b.add(ir.MaxOp(per_row, b.c(1)))
             return b.select(fits, b.bin(ir.DivOp, room, safe), b.c(0))
 
+        seg_rows = SizeTiles.size_segments(k, b, bufs, n, cols, cores)
         c2, c1 = cost(2), cost(1)
         if k.attributes.get("schedule") == StringAttr("streamed"):
             SizeTiles.size_streamed(k, b, bufs, n, cols, align, cores, ub, cost)
@@ -183,6 +196,8 @@ class SizeTiles(ModulePass):
         b.check(b.add(ir.CmpOp("ge", rows, b.c(1))),
                 "a whole row does not fit the unified buffer (the column-tile kernel takes over)")
         rows = b.add(ir.MinOp(rows, b.c(MAX_ROWS)))  # DataCopyPad moves at most 4095 rows at once
+        if seg_rows is not None:  # row tiles inside a scatter-add's blocks
+            rows = b.add(ir.MinOp(rows, seg_rows))
         rows = b.set("rows", b.add(ir.MinOp(rows, b.add(ir.MaxOp(n, b.c(1))))))
         # the column-sum phase's chunk: the cores share the columns, within what the walk leaves
         per_row, fixed, per_col = (b.select(two, x2, x1) for x2, x1 in zip(c2, c1, strict=True))
@@ -194,6 +209,8 @@ class SizeTiles(ModulePass):
         cc = b.set("col_chunk", cc)
         # rows of no element (a zero-length row dim) need no walk at all
         tiles = b.set("tiles", b.select(b.add(ir.CmpOp("gt", cols, b.c(0))), b.cdiv(n, rows), b.c(0)))
+        if seg_rows is not None:  # the walk shares out blocks
+            tiles = b.params["seg_blocks"]
         # column reductions: a partial row per GROUP_ROWS rows or so (a group is whole tiles)
         partials = any(isinstance(op, t.WorkspaceOp) for op in k.body.block.walk())
         group = b.cdiv(b.c(GROUP_ROWS), rows) if partials else b.c(1)
@@ -208,10 +225,33 @@ class SizeTiles(ModulePass):
             elif lay == "row":
                 width = cc if x.attributes["cols"].data == "CC" else pitch  # type: ignore[attr-defined]
                 nbytes = b.bin(ir.MulOp, width, b.c(sz))
+            elif lay in SEG_LAYOUTS:
+                continue  # (size_segments)
             else:
                 nbytes = b.c(ALIGN)
             b.set(x.bytes.data, nbytes)
 
+    @staticmethod
+    def size_segments(k: t.KernelOp, b: _Builder, bufs: list[t.BufferOp], n: SSAValue, cols: SSAValue,
+                      cores: SSAValue) -> SSAValue | None:
+        """A scatter-add walk's blocks (``seg_rows``, ``seg_blocks``) and its segment buffers'
+        bytes; None for other kernels."""
+        if not any(isinstance(op, t.SegmentsOp) for op in k.body.block.walk()):
+            return None
+        seg_rows = b.add(ir.MinOp(b.add(ir.MaxOp(b.cdiv(n, cores), b.c(1))), b.c(SEG_ROWS)))
+        seg_rows = b.set("seg_rows", seg_rows)
+        b.set("seg_blocks", b.select(b.add(ir.CmpOp("gt", cols, b.c(0))), b.cdiv(n, seg_rows), b.c(0)))
+        b.set("seg_window", b.c(SEG_WINDOW))
+        b.set("seg_scan", b.c(SEG_SCAN))
+        for x in bufs:
+            lay = x.attributes["layout"].data  # type: ignore[attr-defined]
+            if lay == "segrows":
+                b.set(x.bytes.data, b.round_up(b.bin(ir.MulOp, b.bin(ir.AddOp, seg_rows, b.c(1)), b.c(4)), ALIGN))
+            elif lay == "segwin":
+                b.set(x.bytes.data, b.c(4 * SEG_WINDOW))
+            elif lay == "segchunk":
+                b.set(x.bytes.data, b.c(4 * SEG_SCAN))
+        return seg_rows
 
     @staticmethod
     def size_streamed(k: t.KernelOp, b: _Builder, bufs: list[t.BufferOp], n: SSAValue, cols: SSAValue, align: int,
@@ -227,6 +267,8 @@ class SizeTiles(ModulePass):
                 per_col = b.bin(ir.AddOp, per_col, b.c(nb * sz))
             elif lay == "row":  # the column-sum phase: at least MIN_COL_CHUNK columns
                 fixed = b.bin(ir.AddOp, fixed, b.c(nb * sz * MIN_COL_CHUNK))
+            elif lay in SEG_LAYOUTS:
+                fixed = b.bin(ir.AddOp, fixed, b.params[x.bytes.data])
             else:
                 fixed = b.bin(ir.AddOp, fixed, b.c(nb * ALIGN))
         room = b.bin(ir.SubOp, ub, fixed)
@@ -246,6 +288,8 @@ class SizeTiles(ModulePass):
         cc = b.add(ir.MinOp(b.add(ir.MinOp(cc, b.c(MAX_COL_CHUNK))), b.bin(ir.AddOp, room_cols, b.c(MIN_COL_CHUNK))))
         cc = b.set("col_chunk", cc)
         tiles = b.set("tiles", b.select(b.add(ir.CmpOp("gt", cols, b.c(0))), n, b.c(0)))
+        if "seg_blocks" in b.params:  # the walk shares out blocks
+            tiles = b.params["seg_blocks"]
         b.set("group", b.c(1))
         b.set("groups", tiles)
         for x in bufs:
@@ -253,13 +297,16 @@ class SizeTiles(ModulePass):
             if lay in ("tile", "row"):
                 width = cc if x.attributes["cols"].data == "CC" else pitch  # type: ignore[attr-defined]
                 nbytes = b.bin(ir.MulOp, width, b.c(sz))
+            elif lay in SEG_LAYOUTS:
+                continue
             else:
                 nbytes = b.c(ALIGN)
             b.set(x.bytes.data, nbytes)
 
 
 class SplitCores(ModulePass):
-    """The cores a launch uses: as many as there are row tiles or column chunks to share out."""
+    """The cores a launch uses: as many as there are row-tile groups (or scatter-add blocks) or,
+    with a column-sum phase, column chunks to share out."""
 
     name = "split-cores"
 
@@ -271,7 +318,8 @@ class SplitCores(ModulePass):
                 cores = b.platform("cores")
                 cols = b.dim(_cols_dim(k))
                 chunks = b.set("col_chunks", b.cdiv(cols, b.params["col_chunk"]))
-                work = b.add(ir.MaxOp(b.params["groups"], chunks))
+                combine = any(isinstance(x, t.SyncAllOp) for x in k.body.block.walk())  # a column-sum phase
+                work = b.add(ir.MaxOp(b.params["groups"], chunks)) if combine else b.params["groups"]
                 b.set("block_dim", b.add(ir.MaxOp(b.add(ir.MinOp(cores, work)), b.c(1))))
 
 
