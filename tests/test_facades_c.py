@@ -654,6 +654,70 @@ def test_acl_runtime_shims(lib):
     assert lib.aclrtSetDevice(1) == 100000
 
 
+def test_acl_tensor_accessors(lib):
+    """CANN's accessors (nnopbase's signatures; the Ascend library reads aclTensors only through
+    them): the view's dims and strides (contiguous ones when none were given), the storage dims,
+    the raw data pointer and the offset as given; arrays allocated by the call (non-NULL even for
+    rank 0, released here with free()); any NULL argument: ACLNN_ERR_PARAM_NULLPTR."""
+    lib.aclCreateTensor.restype = c_void_p
+    lib.aclCreateTensor.argtypes = [POINTER(c_int64), c_uint64, c_int, POINTER(c_int64), c_int64, c_int,
+                                    POINTER(c_int64), c_uint64, c_void_p]
+    lib.aclDestroyTensor.argtypes = [c_void_p]
+    arrays = ("aclGetViewShape", "aclGetViewStrides", "aclGetStorageShape")
+    for name in arrays:
+        getattr(lib, name).argtypes = [c_void_p, POINTER(POINTER(c_int64)), POINTER(c_uint64)]
+    lib.aclGetRawTensorAddr.argtypes = [c_void_p, POINTER(c_void_p)]
+    lib.aclGetViewOffset.argtypes = [c_void_p, POINTER(c_int64)]
+    lib.aclGetDataType.argtypes = [c_void_p, POINTER(c_int)]
+    lib.aclGetFormat.argtypes = [c_void_p, POINTER(c_int)]
+    libc = ctypes.CDLL(None)
+    libc.free.argtypes = [c_void_p]
+    buf = np.zeros(64, np.float32)
+
+    def make(view, strides, offset, storage):
+        arr = (c_int64 * max(len(view), 1))(*view)
+        st = None if strides is None else (c_int64 * max(len(view), 1))(*strides)
+        t = lib.aclCreateTensor(arr, len(view), 0, st, offset, ACL_FORMAT_ND,
+                                (c_int64 * max(len(storage), 1))(*storage), len(storage), buf.ctypes.data)
+        assert t
+        return t
+
+    def get(name, t):
+        p, n = POINTER(c_int64)(), c_uint64(99)
+        assert getattr(lib, name)(t, byref(p), byref(n)) == ACLNN["SUCCESS"]
+        assert p, name  # allocated even for rank 0
+        out = [p[i] for i in range(n.value)]
+        libc.free(ctypes.cast(p, c_void_p))
+        return out
+
+    strided = make((3, 4), (16, -2), 7, (8, 8))
+    contiguous = make((2, 3, 5), None, 0, (64,))
+    scalar = make((), None, 3, (64,))
+    try:
+        assert (get("aclGetViewShape", strided), get("aclGetViewStrides", strided),
+                get("aclGetStorageShape", strided)) == ([3, 4], [16, -2], [8, 8])
+        assert get("aclGetViewStrides", contiguous) == [15, 5, 1]
+        assert get("aclGetViewShape", scalar) == get("aclGetViewStrides", scalar) == []
+        addr, off, dt, fmt = c_void_p(), c_int64(-1), c_int(-1), c_int(-1)
+        assert lib.aclGetRawTensorAddr(strided, byref(addr)) == 0 and addr.value == buf.ctypes.data
+        assert lib.aclGetViewOffset(strided, byref(off)) == 0 and off.value == 7
+        assert lib.aclGetDataType(strided, byref(dt)) == 0 and dt.value == 0  # ACL_FLOAT
+        assert lib.aclGetFormat(strided, byref(fmt)) == 0 and fmt.value == ACL_FORMAT_ND
+        p, n = POINTER(c_int64)(), c_uint64()
+        for name in arrays:
+            fn = getattr(lib, name)
+            assert fn(None, byref(p), byref(n)) == ACLNN["PARAM_NULLPTR"]
+            assert fn(strided, None, byref(n)) == ACLNN["PARAM_NULLPTR"]
+            assert fn(strided, byref(p), None) == ACLNN["PARAM_NULLPTR"]
+        assert lib.aclGetRawTensorAddr(None, byref(addr)) == ACLNN["PARAM_NULLPTR"]
+        assert lib.aclGetRawTensorAddr(strided, None) == ACLNN["PARAM_NULLPTR"]
+        assert lib.aclGetViewOffset(None, byref(off)) == ACLNN["PARAM_NULLPTR"]
+        assert not p  # nothing allocated by a refused call
+    finally:
+        for t in (strided, contiguous, scalar):
+            assert lib.aclDestroyTensor(t) == 0
+
+
 # ------------------------------------------------------------------------ (a) plain C programs
 def _compile(tmp: Path, src: Path, cxx: bool = False) -> Path:
     lib_dir = runtime.library_path().parent

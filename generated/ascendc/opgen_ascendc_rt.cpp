@@ -443,14 +443,15 @@ opgen_status_t opgen_ascendc_run(const opgen_op_t *op, const opgen_tensor_t *con
         return opgen_fail(OPGEN_ERR_SHAPE, "%s: workspace size overflows size_t", op->name);
     opgen_status_t pre = ke->pre(bufs, dims, scalars);
     if (pre != OPGEN_SUCCESS) return pre;
-    if (ws_needed) *ws_needed = need;
-    if (validate_only) return OPGEN_SUCCESS;
+    /* the kernels walk dense rows: other layouts are refused (by the size query as well) */
     for (int k = 0; k < op->n_params; k++) {
         if (op->params[k].kind != OPGEN_P_TENSOR || !tensors[k]) continue;
         if (!opgen_dense(tensors[k], strides_buf[k]))
             return opgen_fail(OPGEN_ERR_STRIDES, "%s: %s: the Ascend C kernels take dense row-major tensors",
                               op->name, op->params[k].name);
     }
+    if (ws_needed) *ws_needed = need;
+    if (validate_only) return OPGEN_SUCCESS;
     /* the workspace: the caller's (base rounded up to OPGEN_WS_ALIGN), or, given NULL and size 0,
        our own */
     void *own = NULL;

@@ -4,7 +4,10 @@ Everything here is driven by the declarations an op lists in ``@op(abi=[...])``
 (:mod:`opgen.abi`); no op is named. :func:`generate` returns the vendor-style public headers
 (``include/infinicore.h``, ``include/infiniop.h``, ``include/infiniop/...``, ``include/acl/...``,
 ``include/aclnn/...``, ``include/aclnnop/...``) and the C sources of the facades
-(``cpu/facade_*.c``), which the CPU build compiles into ``libopgen.so`` beside the plain ABI.
+(``cpu/facade_*.c``), which the CPU build compiles into ``libopgen.so`` beside the plain ABI;
+``generate(ops, "ascendc")`` renders the same templates for the Ascend library
+(``ascendc/facade_*.cpp`` over ``opgen_ascendc_<op>``, the call's stream forwarded; there aclTensor
+is CANN's and is read only through nnopbase's accessors). :data:`LIBRARIES` holds what differs.
 
 A facade call converts the vendor's tensor descriptions (``infiniopTensorDescriptor_t``,
 ``aclTensor``) into ``opgen_tensor_t`` (dtype enums through :mod:`opgen.dtypes`), its scalars
@@ -409,19 +412,29 @@ def _digest(files: dict[str, str]) -> str:
     return h.hexdigest()[:16]
 
 
-#: per library: where its facade sources go, the plain entry points they call, the infiniop
-#: device its handles are, and how a call's stream reaches the plain entry
+#: per library: where its facade sources go (``dir``, ``ext``), the plain entry points they call
+#: (``plain``), the infiniop device its handles are, how a call's stream reaches the plain entry,
+#: its runtime header; for the aclnn facade: whether the library itself provides CANN's host side
+#: (``acl_host``: aclTensor, aclCreateTensor and the accessors, aclOpExecutor, the aclrt* shims,
+#: aclnnInit; the CPU library) or links against CANN's (the Ascend library, which reads aclTensors
+#: only through nnopbase's accessors), the prefix of its internal aclnn helpers (``aclnn``: distinct
+#: per library, so that one library's helpers never interpose on another's when both are loaded)
+#: and the struct its executors start with (``executor``)
 LIBRARIES = {
-    "cpu": {"dir": "cpu", "ext": "c", "plain": "opgen_", "device": "CPU", "stream": "", "rt": "opgen_rt.h"},
+    "cpu": {"dir": "cpu", "ext": "c", "plain": "opgen_", "device": "CPU", "stream": "", "rt": "opgen_rt.h",
+            "name": "opgen's CPU library", "acl_host": True, "aclnn": "opgen_aclnn_",
+            "executor": "aclOpExecutor"},
     "ascendc": {"dir": "ascendc", "ext": "cpp", "plain": "opgen_ascendc_", "device": "ASCEND", "stream": ", stream",
-                "rt": "opgen_ascendc_rt.h"},
+                "rt": "opgen_ascendc_rt.h", "name": "opgen's Ascend library", "acl_host": False,
+                "aclnn": "opgen_ascendc_aclnn_", "executor": "opgen_ascendc_aclnn_executor"},
 }
 
 
 def generate(ops: list[OpDef], library: str = "cpu") -> dict[str, str]:
-    """Every facade file of ``library`` (``cpu``: every header too; ``ascendc``: the infiniop
-    facade of the Ascend library, device ``INFINI_DEVICE_ASCEND``, over ``opgen_ascendc_<op>``),
-    ``{path relative to generated/: text}``."""
+    """Every facade file of ``library``, ``{path relative to generated/: text}``: ``cpu``, the
+    public headers too; ``ascendc``, the Ascend library's facades from the same templates (infiniop
+    handles of device ``INFINI_DEVICE_ASCEND``, aclnn two-phase entries over CANN's aclTensor),
+    over ``opgen_ascendc_<op>`` with the call's stream."""
     inf_ops: list[FacadeOp] = []
     acl_ops: list[FacadeOp] = []
     for o in ops:
@@ -471,22 +484,16 @@ def generate(ops: list[OpDef], library: str = "cpu") -> dict[str, str]:
     # compile.py hashes only the top-level include/*.h into its object keys: name the headers'
     # digest in every facade source so that any header change recompiles them
     ctx["headers_digest"] = _digest(headers)
-    if library != "cpu":
-        lib = LIBRARIES[library]
-        ctx.update(lib=lib)
-        out = {f"{lib['dir']}/facade_infiniop.h": r("infiniop/facade.h.j2", **ctx),
-               f"{lib['dir']}/facade_infiniop.{lib['ext']}": r("infiniop/facade.c.j2", **ctx)}
-        for m in inf_ops:
-            out[f"{lib['dir']}/facade_infiniop_{m.snake}.{lib['ext']}"] = r("infiniop/op.c.j2", op=m, **ctx)
-        return out
-    ctx.update(lib=LIBRARIES["cpu"])
-    files = dict(headers)
-    files["cpu/facade_infiniop.h"] = r("infiniop/facade.h.j2", **ctx)
-    files["cpu/facade_aclnn.h"] = r("aclnn/facade.h.j2", **ctx)
-    files["cpu/facade_infiniop.c"] = r("infiniop/facade.c.j2", **ctx)
-    files["cpu/facade_aclnn.c"] = r("aclnn/facade.c.j2", **ctx)
+    lib = LIBRARIES[library]
+    ctx.update(lib=lib)
+    d, ext = lib["dir"], lib["ext"]
+    files = dict(headers) if library == "cpu" else {}
+    files[f"{d}/facade_infiniop.h"] = r("infiniop/facade.h.j2", **ctx)
+    files[f"{d}/facade_aclnn.h"] = r("aclnn/facade.h.j2", **ctx)
+    files[f"{d}/facade_infiniop.{ext}"] = r("infiniop/facade.c.j2", **ctx)
+    files[f"{d}/facade_aclnn.{ext}"] = r("aclnn/facade.c.j2", **ctx)
     for m in inf_ops:
-        files[f"cpu/facade_infiniop_{m.snake}.c"] = r("infiniop/op.c.j2", op=m, **ctx)
+        files[f"{d}/facade_infiniop_{m.snake}.{ext}"] = r("infiniop/op.c.j2", op=m, **ctx)
     for m in acl_ops:
-        files[f"cpu/facade_aclnn_{m.snake}.c"] = r("aclnn/op.c.j2", op=m, **ctx)
+        files[f"{d}/facade_aclnn_{m.snake}.{ext}"] = r("aclnn/op.c.j2", op=m, **ctx)
     return files

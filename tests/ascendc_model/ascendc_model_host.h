@@ -5,7 +5,7 @@
  *     ACLRT_LAUNCH_KERNEL(k)(numBlocks, stream, args...)  ->  aclrtlaunch_k(numBlocks, stream, args...)
  *     extern "C" uint32_t aclrtlaunch_k(uint32_t numBlocks, aclrtStream stream, void *gm_arg, ...);
  *
- * In the model a launch is synchronous (the stream is ignored) and returns 0; it may be called
+ * In the model a launch is synchronous (the stream is only recorded) and returns 0; it may be called
  * from several host threads at once. Works with or without the project's acl/acl_base.h (the
  * aclrtStream typedef below is the same declaration, which C and C++ both allow twice). */
 #ifndef OPGEN_ASCENDC_MODEL_HOST_H
@@ -17,6 +17,15 @@ typedef void *aclrtStream;
 
 #ifndef ACLRT_LAUNCH_KERNEL
 #define ACLRT_LAUNCH_KERNEL(kernel_func) aclrtlaunch_##kernel_func
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* The stream the last launch (of any thread) was given: what tests check a host entry forwards. */
+aclrtStream ascendc_model_last_stream(void);
+#ifdef __cplusplus
+}
 #endif
 
 #ifdef __cplusplus

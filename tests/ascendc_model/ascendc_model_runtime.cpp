@@ -33,6 +33,7 @@ struct Launch {
 thread_local Block *t_block = nullptr;
 std::mutex g_atomic;
 std::mutex g_fail; /* held by the first failing thread until abort(): one message per process */
+std::atomic<aclrtStream> g_last_stream{nullptr};
 
 }  // namespace
 
@@ -108,8 +109,9 @@ void run_block(Launch &L, uint32_t idx, uint8_t *ub, uint32_t ub_bytes, void (*b
 
 }  // namespace
 
-uint32_t launch(uint32_t numBlocks, aclrtStream, void (*body)(void *), void *arg, const char *name) {
+uint32_t launch(uint32_t numBlocks, aclrtStream stream, void (*body)(void *), void *arg, const char *name) {
     if (t_block) fail(0, "model", "kernel %s launched from inside a kernel", name);
+    g_last_stream.store(stream);
     if (numBlocks == 0 || numBlocks > 65535)
         fail(10, "blocks", "launch of kernel %s with numBlocks %u (must be in [1, 65535])", name, numBlocks);
     Launch L;
@@ -134,3 +136,5 @@ uint32_t launch(uint32_t numBlocks, aclrtStream, void (*body)(void *), void *arg
 }
 
 }  // namespace ascend_model
+
+extern "C" aclrtStream ascendc_model_last_stream(void) { return ascend_model::g_last_stream.load(); }
