@@ -61,3 +61,22 @@ def op_files(tmp_path: Path) -> Iterator[Callable[..., dict[str, OpDef]]]:
     for m in set(sys.modules) - saved_modules:
         if m.startswith("opgen_test_ops_"):
             del sys.modules[m]
+
+
+@pytest.fixture(scope="session")
+def seed_lib() -> Path:
+    """The Ascend library of the seed ops (what ``opgen build`` generates now), built against the
+    CPU model of Ascend C under build/ascendc-model/ (needs g++; incremental between runs)."""
+    from opgen import build
+    from tests.ascendc_model import build as model
+
+    out = registry.REPO_ROOT / "build" / "ascendc-model"
+    gen = out / "generated"
+    for p, text in build.generate_all(verbose=False).items():
+        if p.startswith(("ascendc/", "include/")):
+            dst = gen / p
+            if not dst.is_file() or dst.read_text() != text:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_text(text)
+    sources = {p.name: p.read_text() for p in (gen / "ascendc").iterdir() if p.is_file()}
+    return model.build(sources, out / "seeds", include_dirs=[gen / "include"])

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from opgen import build, registry, runtime
+from opgen import registry, runtime
 from opgen.binding import OpError
 from opgen.emit import ascendc
 from tests.ascendc_model import build as model
@@ -69,19 +69,6 @@ def _library(generated: Path, out: Path) -> Path:
     """The Ascend library of a generated tree, built against the model."""
     sources = {p.name: p.read_text() for p in (generated / "ascendc").iterdir() if p.is_file()}
     return model.build(sources, out, include_dirs=[generated / "include"])
-
-
-@pytest.fixture(scope="module")
-def seed_lib() -> Path:
-    files = build.generate_all(verbose=False)
-    gen = OUT / "generated"
-    for p, text in files.items():
-        if p.startswith(("ascendc/", "include/")):
-            dst = gen / p
-            if not dst.is_file() or dst.read_text() != text:
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                dst.write_text(text)
-    return _library(gen, OUT / "seeds")
 
 
 @pytest.fixture(scope="module")

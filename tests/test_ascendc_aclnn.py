@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from opgen import registry
+from opgen import registry, runtime
 from tests.ascendc_aclnn_worker import Case, View
 from tests.ascendc_model import build as model
-from tests.cpu_cases import SENTINEL, assert_c_close, filled, floats
+from tests.cpu_cases import SENTINEL, assert_c_close, edb_args, filled, floats
 
 REPO = registry.REPO_ROOT
 OUT = REPO / "build" / "ascendc-model" / "aclnn"
@@ -90,7 +90,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[st
     return gen, lib, env
 
 
-def _run(built: tuple[Path, Path, dict[str, str]], cases: list[Case], tmp: Path) -> dict[str, dict[str, Any]]:
+def _run(built: tuple[Path | None, Path, dict[str, str]], cases: list[Case], tmp: Path) -> dict[str, dict[str, Any]]:
     _, lib, env = built
     cases_file, out_file = tmp / "cases.pkl", tmp / "out.pkl"
     cases_file.write_bytes(pickle.dumps(cases))
@@ -287,3 +287,53 @@ def test_executors_are_single_use_and_private(built, tmp_path):
         for k, v in r["ref"].items():
             assert_c_close(r["asc"].views[k], v, f"{c.name}.{k} (Ascend)")
             assert_c_close(r["cpu"].views[k], v, f"{c.name}.{k} (CPU)")
+
+
+# ----------------------------------------------------------------------------- the seed's entry
+def _edb(rng: np.random.Generator, T: str, IDX: str, name: str, **kw: Any) -> Case:
+    a = edb_args(rng, T, IDX, **kw)
+    scalars = {k: a.pop(k) for k in ("num_weights", "padding_idx", "scale_grad_by_freq")}
+    return Case(name, "embedding_dense_backward", a, scalars=scalars)
+
+
+def test_embedding_dense_backward_entry_of_the_seeds(seed_lib, tmp_path):
+    """``aclnnEmbeddingDenseBackward`` of the Ascend library (the seed's own declaration, over its
+    owner-computes kernels and the index conversion at the boundary) against the oracle and the
+    CPU library's entry: every index dtype but f64, both scale modes, views with offsets; an index
+    past numWeights is PARAM_INVALID at phase 2 in both, nothing written; f64 indices have no
+    Ascend kernel (PARAM_INVALID at phase 1) where the CPU library computes them."""
+    rng = np.random.default_rng(23)
+    env = {k: v for k, v in os.environ.items() if k != "OPGEN_OPS_DIR"}
+    env["OPGEN_LIB"] = str(runtime.library_path())
+    good = [_edb(rng, T, IDX, f"edb-{T}-{IDX}", scale=IDX in ("i64", "u8", "f16"))
+            for T in ("f32", "f16", "bf16") for IDX in ("i64", "i32", "i16", "i8", "u8", "bool", "f32", "f16")]
+    good.append(_edb(rng, "f32", "i64", "edb-no-padding", padding_idx=2**64 - 1, lead=(40,), V=5, D=70))
+    c = _edb(rng, "bf16", "i32", "edb-views", lead=(6,), V=4, D=8)
+    c.tensors["grad"] = View(floats(rng, (9, 8), "bf16"), 16, (6, 8), (8, 1))
+    c.tensors["out"] = View(filled((6, 8), "bf16"), 8, (4, 8), (8, 1))
+    good.append(c)
+    oob = _edb(rng, "f16", "i64", "edb-index-past-the-end")
+    oob.tensors["indices"][1, 2] = oob.scalars["num_weights"]  # type: ignore[index]
+    f64 = _edb(rng, "f32", "f64", "edb-f64-indices")
+    got = _run((None, seed_lib, env), [*good, oob, f64], tmp_path)
+    for c in good:
+        r = got[c.name]
+        asc, cpu, ref = r["asc"], r["cpu"], r["ref"]
+        assert asc.statuses == cpu.statuses == [SUCCESS, SUCCESS], (c.name, asc.statuses, asc.error, cpu.error)
+        assert asc.stream_forwarded, f"{c.name}: no kernel was launched on the caller's stream"
+        assert_c_close(asc.views["out"], ref["out"], f"{c.name} (Ascend vs oracle)")
+        assert_c_close(cpu.views["out"], ref["out"], f"{c.name} (CPU vs oracle)")
+        t = c.tensors["out"]
+        if isinstance(t, View):
+            outside = ~_covered(t.base, t)
+            assert np.all(asc.buffers["out"][outside] == t.base[outside]), f"{c.name}: wrote outside the view"
+    r = got[oob.name]
+    assert r["asc"].statuses == r["cpu"].statuses == [SUCCESS, INVALID], (r["asc"].statuses, r["cpu"].statuses)
+    assert "range" in r["asc"].error or "index" in r["asc"].error, r["asc"].error
+    for side in ("asc", "cpu"):
+        assert np.all(r[side].buffers["out"] == SENTINEL), f"{side} wrote out"
+    r = got[f64.name]
+    assert r["asc"].statuses == [INVALID] and "indices f64" in r["asc"].error, (r["asc"].statuses, r["asc"].error)
+    assert np.all(r["asc"].buffers["out"] == SENTINEL)
+    assert r["cpu"].statuses == [SUCCESS, SUCCESS]
+    assert_c_close(r["cpu"].views["out"], r["ref"]["out"], "f64 indices (CPU vs oracle)")

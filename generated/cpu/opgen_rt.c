@@ -232,6 +232,26 @@ static int same_elements(const opgen_tensor_t *a, const int64_t *sa, const opgen
 }
 
 static const size_t opgen_itemsize[OPGEN_DTYPE_COUNT] = { 1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8, };
+static const char *const opgen_dtype_names[OPGEN_DTYPE_COUNT] = { "bool", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32", "f64", };
+
+/* OPGEN_ERR_DTYPE naming the bound dtypes (the first tensor of each dtype variable), e.g.
+   "embedding_dense_backward: no kernel for grad f32, indices f64 in this library" */
+static opgen_status_t no_kernel(const opgen_op_t *op, const int *dtypes) {
+    char said[256] = "";
+    size_t used = 0;
+    int named[OPGEN_MAX_VARS] = {0};
+    for (int k = 0; k < op->n_params; k++) {
+        const opgen_param_t *p = &op->params[k];
+        if (p->kind != OPGEN_P_TENSOR || p->dtype_var < 0 || dtypes[p->dtype_var] < 0 || named[p->dtype_var])
+            continue;
+        named[p->dtype_var] = 1;
+        int n = snprintf(said + used, sizeof said - used, "%s%s %s", used ? ", " : "", p->name,
+                         opgen_dtype_names[dtypes[p->dtype_var]]);
+        if (n < 0 || (size_t)n >= sizeof said - used) break;
+        used += (size_t)n;
+    }
+    return opgen_fail(OPGEN_ERR_DTYPE, "%s: no kernel for %s in this library", op->name, used ? said : "these dtypes");
+}
 
 opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tensors,
                          const opgen_scalar_t *scalars, void *ws, size_t ws_size,
@@ -438,7 +458,7 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
         for (int v = 0; v < op->n_vars; v++) match &= var->kernels[i].dtypes[v] == dtypes[v];
         if (match) ke = &var->kernels[i];
     }
-    if (!ke) return opgen_fail(OPGEN_ERR_DTYPE, "%s: no kernel for this dtype combination", op->name);
+    if (!ke) return no_kernel(op, dtypes);
     /* workspace layout from an aligned base: kernel temporaries, then the row-offset tables, each at
        a multiple of OPGEN_WS_ALIGN. `need` adds OPGEN_WS_ALIGN - 1 bytes of slack, so that a
        workspace at any address holds the layout once its base is rounded up. All in saturating
