@@ -275,7 +275,8 @@ def test_unsupported_bindings_are_a_status(seed_lib, tmp_path):
 
 def test_unsupported_ops_are_named_not_built():
     why = ascendc.unsupported_reason(registry.get("fused_linear_cross_entropy_loss_grad"))
-    assert why in ("unpack_bits", "matmul"), why
+    # a matmul chain now, but with primitives the tile level lacks: every one named
+    assert why is not None and "unpack_bits" in why and "checks on tensor data" in why, why
     for name in ("rms_norm_backward", "embedding_backward", "embedding_dense_backward", "embedding_bw"):
         assert ascendc.unsupported_reason(registry.get(name)) is None, name
 

@@ -680,8 +680,266 @@ extern "C" int host_threads(float *x, float *y, uint32_t total, uint32_t tile, u
 }
 """
 
+MM_TILING_H = r"""
+#ifndef MM_TILING_H
+#define MM_TILING_H
+#include "kernel_tiling/kernel_tiling.h" /* as an op's tiling header includes it: host and kernel */
+/* the parameters of one matmul test: a batch of P_ITEMS products, item w at offsets off + w * stride */
+enum { P_M, P_N, P_K, P_ORGM, P_ORGN, P_ORGKA, P_ORGKB, P_ORGKC, P_OFFA, P_OFFB, P_OFFC, P_STRA, P_STRB, P_STRC,
+       P_TA, P_TB, P_ITEMS, P_SZA, P_SZB, P_SZC, P_BIAS, P_COUNT };
+typedef struct {
+    int32_t p[24];
+    TCubeTiling mm0;
+    TCubeTiling mm1;
+} mm_tiling_t;
+#endif
+"""
+
+MATMUL_CPP = r"""
+#include "kernel_operator.h"
+#include "lib/matmul_intf.h"
+#include "mm_tiling.h"
+using namespace AscendC;
+using namespace matmul;
+
+template <typename T>
+__aicore__ inline void mm_run(GM_ADDR a, GM_ADDR b, GM_ADDR bias, GM_ADDR c, GM_ADDR ws, GM_ADDR tiling) {
+    SetSysWorkspace(ws);
+    GM_ADDR usr = GetUserWorkspace(ws);
+    (void)usr;
+    mm_tiling_t tl;
+    memcpy(&tl, (const void *)tiling, sizeof tl);
+    const int32_t *p = tl.p;
+    GlobalTensor<T> gA, gB;
+    GlobalTensor<float> gC, gBias;
+    gA.SetGlobalBuffer((__gm__ T *)a, p[P_SZA]);
+    gB.SetGlobalBuffer((__gm__ T *)b, p[P_SZB]);
+    gC.SetGlobalBuffer((__gm__ float *)c, p[P_SZC]);
+    gBias.SetGlobalBuffer((__gm__ float *)bias, p[P_N]);
+    TPipe pipe;
+    Matmul<MatmulType<TPosition::GM, CubeFormat::ND, T, true>, MatmulType<TPosition::GM, CubeFormat::ND, T, true>,
+           MatmulType<TPosition::GM, CubeFormat::ND, float>, MatmulType<TPosition::GM, CubeFormat::ND, float>> mm0;
+    REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm0, &tl.mm0);
+    TBuf<> scratch;
+    pipe.InitBuffer(scratch, 1024); /* vector buffers after the registration */
+    for (int64_t i = GetBlockIdx(); i < p[P_ITEMS]; i += GetBlockNum() * GetTaskRation()) {
+        if (p[P_ORGKA] == p[P_ORGKB] && p[P_ORGKC] == 0)
+            mm0.SetOrgShape(p[P_ORGM], p[P_ORGN], p[P_ORGKA]);
+        else
+            mm0.SetOrgShape(p[P_ORGM], p[P_ORGN], p[P_ORGKA], p[P_ORGKB], p[P_ORGKC]);
+        mm0.SetSingleShape(p[P_M], p[P_N], p[P_K]);
+        mm0.SetTensorA(gA[p[P_OFFA] + i * p[P_STRA]], p[P_TA] != 0);
+        mm0.SetTensorB(gB[p[P_OFFB] + i * p[P_STRB]], p[P_TB] != 0);
+        if (p[P_BIAS])
+            mm0.SetBias(gBias);
+        else
+            mm0.DisableBias();
+        mm0.IterateAll(gC[p[P_OFFC] + i * p[P_STRC]]);
+    }
+    mm0.End();
+}
+extern "C" __global__ __aicore__ void mm_f16(GM_ADDR a, GM_ADDR b, GM_ADDR bias, GM_ADDR c, GM_ADDR ws,
+                                             GM_ADDR tiling) {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    mm_run<half>(a, b, bias, c, ws, tiling);
+}
+extern "C" __global__ __aicore__ void mm_f32(GM_ADDR a, GM_ADDR b, GM_ADDR bias, GM_ADDR c, GM_ADDR ws,
+                                             GM_ADDR tiling) {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    mm_run<float>(a, b, bias, c, ws, tiling);
+}
+
+/* what a block of a MIX launch sees (and SyncAll over all 2B AIV blocks) */
+extern "C" __global__ __aicore__ void mix_ids(GM_ADDR out, GM_ADDR ws) {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    GlobalTensor<int32_t> g;
+    g.SetGlobalBuffer((__gm__ int32_t *)out, GetBlockNum() * GetTaskRation() * 5);
+    int64_t i = GetBlockIdx();
+    g.SetValue(i * 5, (int32_t)i);
+    g.SetValue(i * 5 + 1, (int32_t)GetBlockNum());
+    g.SetValue(i * 5 + 2, (int32_t)GetTaskRation());
+    if ASCEND_IS_AIV {
+        g.SetValue(i * 5 + 3, 1);
+    }
+    if ASCEND_IS_AIC {
+        g.SetValue(i * 5 + 3, 2);
+    }
+    g.SetValue(i * 5 + 4, (int32_t)(GetUserWorkspace(ws) - ws));
+    SyncAll();
+}
+extern "C" __global__ __aicore__ void plain_ids(GM_ADDR out) {
+    GlobalTensor<int32_t> g;
+    g.SetGlobalBuffer((__gm__ int32_t *)out, GetBlockNum() * 3);
+    int64_t i = GetBlockIdx();
+    g.SetValue(i * 3, (int32_t)i);
+    g.SetValue(i * 3 + 1, (int32_t)GetBlockNum());
+    g.SetValue(i * 3 + 2, (int32_t)GetTaskRation());
+}
+
+using MM = Matmul<MatmulType<TPosition::GM, CubeFormat::ND, half>, MatmulType<TPosition::GM, CubeFormat::ND, half>,
+                  MatmulType<TPosition::GM, CubeFormat::ND, float>>;
+
+/* the Matmul rules: `which` selects one violation; 0 and 15 run clean */
+extern "C" __global__ __aicore__ void mm_rules(GM_ADDR gm, uint32_t which) {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    TCubeTiling t;
+    t.usedCoreNum = 1;
+    t.M = t.N = t.Ka = t.Kb = t.singleCoreM = t.singleCoreN = t.singleCoreK = 32;
+    t.baseM = t.baseN = t.baseK = 32;
+    t.depthA1 = t.depthB1 = t.stepM = t.stepN = t.stepKa = t.stepKb = t.dbL0A = t.dbL0B = t.dbL0C = 1;
+    if (which == 9) t.baseM = t.baseK = 256;
+    GlobalTensor<half> h;
+    h.SetGlobalBuffer((__gm__ half *)gm, 2048);
+    GlobalTensor<float> f;
+    f.SetGlobalBuffer((__gm__ float *)gm + 1024, 1024);
+    if (which != 5) SetSysWorkspace(gm);
+    TPipe pipe;
+    TBuf<> b;
+    MM mm, m2, m3, m4, m5;
+    switch (which) {
+    case 1: pipe.InitBuffer(b, 64); REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &t); break;
+    case 2: REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &t); mm.SetSingleShape(33, 32, 32); break;
+    case 5: REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &t); break;
+    case 6:
+        REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &t, m2, &t, m3, &t, m4, &t);
+        REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), m5, &t);
+        break;
+    case 7: mm.SetSingleShape(32, 32, 32); break;
+    case 9: REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &t); break;
+    case 10: REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &t); mm.SetSingleShape(0, 32, 32); break;
+    case 11: REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &t); mm.SetTensorA(h, true); break;
+    case 13: REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm); mm.SetSingleShape(32, 32, 32); break;
+    case 14: REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &t); mm.End(); mm.SetSingleShape(32, 32, 32); break;
+    default: {
+        if (which == 15) {
+            REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm);
+            mm.Init(&t, &pipe);
+            REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), m2, &t, m3, &t, m4, &t);
+        } else {
+            REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &t);
+        }
+        pipe.InitBuffer(b, 64);
+        if (which == 12) mm.SetOrgShape(32, 32, 16);
+        mm.SetSingleShape(32, 32, 32);
+        if (which != 8) mm.SetTensorA(h);
+        mm.SetTensorB(h[1024]);
+        if (which == 3) mm.IterateAll(f, 1);
+        mm.IterateAll(which == 4 ? f[100] : f);
+        mm.End();
+    }
+    }
+}
+
+/* Matmul in a kernel without KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2) */
+extern "C" __global__ __aicore__ void mm_not_mix(GM_ADDR gm) {
+    SetSysWorkspace(gm);
+    TCubeTiling t;
+    TPipe pipe;
+    MM mm;
+    REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &t);
+}
+
+/* the macro outside the kernel's own body: build.py does not see it, the launch is not MIX */
+__aicore__ inline void declare_mix() { KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2); }
+extern "C" __global__ __aicore__ void mix_in_helper(GM_ADDR gm) {
+    (void)gm;
+    declare_mix();
+}
+"""
+
+MATMUL_HOST_CPP = r"""
+#include <cstring>
+#include <vector>
+#include "aclrtlaunch_mm_f16.h"
+#include "aclrtlaunch_mm_f32.h"
+#include "tiling/tiling_api.h"
+#include "tiling/platform/platform_ascendc.h"
+#include "mm_tiling.h"
+
+using matmul_tiling::CubeFormat;
+using matmul_tiling::DataType;
+using matmul_tiling::TPosition;
+
+/* host tiling + launch, as a generated host entry does it; the workspace = system part + user part */
+extern "C" int64_t host_matmul(void *a, void *b, void *bias, void *c, const int32_t *prm, uint32_t blocks, uint32_t f32,
+                               mm_tiling_t *tl) {
+    memcpy(tl->p, prm, sizeof tl->p);
+    matmul_tiling::MatmulApiTiling mt(*platform_ascendc::PlatformAscendCManager::GetInstance());
+    DataType dt = f32 ? DataType::DT_FLOAT : DataType::DT_FLOAT16;
+    mt.SetAType(TPosition::GM, CubeFormat::ND, dt, prm[P_TA] != 0);
+    mt.SetBType(TPosition::GM, CubeFormat::ND, dt, prm[P_TB] != 0);
+    mt.SetCType(TPosition::GM, CubeFormat::ND, DataType::DT_FLOAT);
+    mt.SetBiasType(TPosition::GM, CubeFormat::ND, DataType::DT_FLOAT);
+    mt.SetShape(prm[P_M], prm[P_N], prm[P_K]);
+    mt.SetOrgShape(prm[P_ORGM], prm[P_ORGN], prm[P_ORGKA], prm[P_ORGKB]);
+    mt.SetBias(prm[P_BIAS] != 0);
+    mt.SetBufferSpace(-1, -1, -1);
+    if (mt.GetTiling(tl->mm0) == -1) return -1;
+    uint32_t sys = platform_ascendc::PlatformAscendCManager::GetInstance()->GetLibApiWorkSpaceSize();
+    std::vector<uint8_t> ws(sys + 64);
+    if (f32) return ACLRT_LAUNCH_KERNEL(mm_f32)(blocks, nullptr, a, b, bias, c, ws.data(), tl);
+    return ACLRT_LAUNCH_KERNEL(mm_f16)(blocks, nullptr, a, b, bias, c, ws.data(), tl);
+}
+
+static int64_t tiling_of(DataType a, DataType b, DataType c, int32_t m, int32_t n, int32_t k, int32_t orgM,
+                         TCubeTiling *out = nullptr) {
+    matmul_tiling::MatmulApiTiling mt;
+    mt.SetAType(TPosition::GM, CubeFormat::ND, a);
+    mt.SetBType(TPosition::GM, CubeFormat::ND, b, true);
+    mt.SetCType(TPosition::GM, CubeFormat::ND, c);
+    mt.SetShape(m, n, k);
+    if (orgM) mt.SetOrgShape(orgM, n, orgM);
+    TCubeTiling t;
+    int64_t r = mt.GetTiling(t);
+    if (out) *out = t;
+    return r;
+}
+
+/* GetTiling's results and fields (see test_matmul_host_tiling) */
+extern "C" int64_t host_tiling(int64_t *out) {
+    const DataType F16 = DataType::DT_FLOAT16, F32 = DataType::DT_FLOAT, BF16 = DataType::DT_BF16;
+    TCubeTiling t;
+    int i = 0;
+    out[i++] = tiling_of(F16, F16, F32, 100, 300, 70, 0, &t);
+    for (int32_t v : {t.usedCoreNum, t.M, t.N, t.Ka, t.Kb, t.singleCoreM, t.singleCoreN, t.singleCoreK, t.baseM,
+                      t.baseN, t.baseK, t.depthA1, t.depthB1, t.stepM, t.stepN, t.stepKa, t.stepKb, t.isBias,
+                      t.iterateOrder, t.dbL0A, t.dbL0B, t.dbL0C})
+        out[i++] = v;
+    out[i++] = tiling_of(F32, F32, F32, 200, 300, 100, 0, &t);
+    out[i++] = t.baseM;
+    out[i++] = t.baseN;
+    out[i++] = t.baseK;
+    out[i++] = tiling_of(BF16, BF16, F32, 8, 8, 8, 0);
+    out[i++] = tiling_of(F16, F32, F32, 16, 16, 16, 0);   /* A and B differ */
+    out[i++] = tiling_of(F16, F16, F16, 16, 16, 16, 0);   /* C not float */
+    out[i++] = tiling_of(F16, F16, F32, 0, 16, 16, 0);    /* shape 0 */
+    out[i++] = tiling_of(F16, F16, F32, 16, 16, 16, 8);   /* shape > org shape */
+    out[i++] = tiling_of(F16, F16, F32, 16, 16, 16, 70000); /* orgM * orgKa > INT32_MAX */
+    out[i++] = tiling_of(DataType::DT_INT8, DataType::DT_INT8, F32, 16, 16, 16, 0);
+    matmul_tiling::MatmulApiTiling none;
+    none.SetShape(16, 16, 16);
+    out[i++] = none.GetTiling(t); /* no types set */
+    matmul_tiling::MultiCoreMatmulTiling mc(*platform_ascendc::PlatformAscendCManager::GetInstance());
+    mc.SetAType(TPosition::GM, CubeFormat::ND, F16);
+    mc.SetBType(TPosition::GM, CubeFormat::ND, F16);
+    mc.SetCType(TPosition::GM, CubeFormat::ND, F32);
+    mc.SetShape(128, 128, 64);
+    mc.SetDim(4);
+    mc.SetSingleShape(64, 64, -1);
+    out[i++] = mc.GetTiling(t);
+    out[i++] = t.usedCoreNum;
+    out[i++] = t.singleCoreM;
+    out[i++] = t.singleCoreK;
+    mc.SetDim(2);
+    out[i++] = mc.GetTiling(t); /* needs 4 cores */
+    out[i++] = platform_ascendc::PlatformAscendCManager::GetInstance()->GetLibApiWorkSpaceSize();
+    return i;
+}
+"""
+
 SOURCES = {"rules.cpp": RULES_CPP, "copy.cpp": COPY_CPP, "vector.cpp": VECTOR_CPP, "blocks.cpp": BLOCKS_CPP,
-           "host.cpp": HOST_CPP}
+           "host.cpp": HOST_CPP, "mm_tiling.h": MM_TILING_H, "matmul.cpp": MATMUL_CPP,
+           "matmul_host.cpp": MATMUL_HOST_CPP}
 
 pytestmark = pytest.mark.skipif(model_build.cxx() is None, reason="no C++ compiler (g++)")
 
@@ -1301,3 +1559,178 @@ def test_build_finds_kernels_and_generates_launch_headers(lib: Path) -> None:
     header = (OUT / "gen" / "include" / "aclrtlaunch_pipeline_d1.h").read_text()
     assert ("uint32_t aclrtlaunch_pipeline_d1(uint32_t numBlocks, aclrtStream stream, void * x, void * y, "
             "uint32_t total, uint32_t tile);") in header
+
+
+# ---------------------------------------------------------------------------------------------
+# the Matmul API (lib/matmul_intf.h, tiling/tiling_api.h) and MIX launches
+
+P_FIELDS = ["m", "n", "k", "orgM", "orgN", "orgKa", "orgKb", "orgKc", "offA", "offB", "offC", "strA", "strB", "strC",
+            "tA", "tB", "items", "szA", "szB", "szC", "bias"]
+MM_CASES = [
+    # dtype, m, n, k, transA, transB, orgKc (0: ldC = orgN), bias, blocks, items
+    ("f16", 37, 45, 29, False, False, 0, False, 2, 5),
+    ("f16", 33, 17, 70, True, True, 50, False, 1, 3),
+    ("f16", 16, 64, 48, False, True, 0, True, 3, 6),
+    ("f32", 21, 19, 35, False, True, 0, False, 2, 4),
+    ("f32", 40, 9, 1, True, False, 12, True, 1, 2),
+]
+
+
+def _mm_case(rng: np.random.Generator, dt, m: int, n: int, k: int, ta: bool, tb: bool, kc: int, bias: bool,
+             items: int):
+    """Operands in larger ND tensors (org shape > single shape, offsets, a stride per item) and the float64
+    reference; returns (arrays, params, want C, |A|@|B| for the tolerance)."""
+    orgM, orgN, orgKa = m + 5, n + 3, k + 4
+    orgKb = orgKa if kc == 0 and not bias else k + 2  # equal Ka/Kb and no Kc: the 3-argument SetOrgShape
+    ldc = kc or orgN
+    offA, offB, offC = 3 * orgKa + 5, 7, 2 * ldc + 1
+    strA, strB, strC = orgM * orgKa + 7, orgKb * orgN + 3, (m + 1) * ldc
+    szA, szB, szC = offA + items * strA, offB + items * strB, offC + items * strC
+    A = rng.standard_normal(szA).astype(dt)
+    B = rng.standard_normal(szB).astype(dt)
+    bv = rng.standard_normal(n).astype(np.float32)
+    C = np.full(szC, 7.0, np.float32)
+    want, mag = C.astype(np.float64), np.zeros(szC)
+    for w in range(items):
+        a0, b0, c0 = offA + w * strA, offB + w * strB, offC + w * strC
+        if ta:  # A stored K x orgM
+            a = A[a0:a0 + orgKa * orgM].astype(np.float64).reshape(orgKa, orgM)[:k, :m].T
+        else:
+            a = A[a0:a0 + orgM * orgKa].astype(np.float64).reshape(orgM, orgKa)[:m, :k]
+        if tb:  # B stored N x orgKb
+            b = B[b0:b0 + orgN * orgKb].astype(np.float64).reshape(orgN, orgKb)[:n, :k].T
+        else:
+            b = B[b0:b0 + orgKb * orgN].astype(np.float64).reshape(orgKb, orgN)[:k, :n]
+        r = a @ b + (bv.astype(np.float64) if bias else 0)
+        for i in range(m):
+            want[c0 + i * ldc:c0 + i * ldc + n] = r[i]
+            mag[c0 + i * ldc:c0 + i * ldc + n] = (np.abs(a) @ np.abs(b))[i] + (np.abs(bv) if bias else 0)
+    prm = dict(m=m, n=n, k=k, orgM=orgM, orgN=orgN, orgKa=orgKa, orgKb=orgKb, orgKc=kc, offA=offA, offB=offB,
+               offC=offC, strA=strA, strB=strB, strC=strC, tA=int(ta), tB=int(tb), items=items, szA=szA, szB=szB,
+               szC=szC, bias=int(bias))
+    p = np.zeros(24, np.int32)
+    p[:len(P_FIELDS)] = [prm[f] for f in P_FIELDS]
+    return {"A": A, "B": B, "bias": bv, "C": C, "prm": p, "tl": np.zeros(128, np.int32)}, want, mag
+
+
+@pytest.mark.parametrize("case", MM_CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}x{c[3]}-tA{int(c[4])}-tB{int(c[5])}"
+                                                f"-kc{c[6]}-bias{int(c[7])}" for c in MM_CASES])
+def test_matmul_iterateall_against_numpy(lib: Path, rng: np.random.Generator, case: tuple) -> None:
+    """Host tiling (MatmulApiTiling) + a MIX kernel looping over items with GetBlockNum() * GetTaskRation();
+    C == float64 reference within float-accumulation error; C outside the m x n blocks untouched."""
+    dt_name, m, n, k, ta, tb, kc, bias, blocks, items = case
+    dt = np.float16 if dt_name == "f16" else np.float32
+    arrays, want, mag = _mm_case(rng, dt, m, n, k, ta, tb, kc, bias, items)
+    res, rets = run(lib, [call("host_matmul", "A", "B", "bias", "C", "prm", blocks, int(dt_name == "f32"), "tl")],
+                    **arrays)
+    assert rets == [0]
+    got = res["C"].astype(np.float64)
+    assert np.all(np.abs(got - want) <= 4e-6 * k * mag + 1e-30), np.max(np.abs(got - want) - 4e-6 * k * mag)
+    assert np.count_nonzero(res["C"] != 7.0) > 0
+
+
+def test_mix_launch_blocks_see_two_aivs_per_block(lib: Path) -> None:
+    res, rets = run(lib, [kernel("mix_ids", 3, "out", "ws"), kernel("plain_ids", 3, "plain")],
+                    out=np.full(30, -1, np.int32), ws=np.zeros(8, np.uint8), plain=np.full(9, -1, np.int32))
+    assert rets == [0, 0]
+    ids = res["out"].reshape(6, 5)
+    np.testing.assert_array_equal(ids[:, 0], np.arange(6))  # GetBlockIdx in [0, 2B)
+    np.testing.assert_array_equal(ids[:, 1], 3)  # GetBlockNum = B
+    np.testing.assert_array_equal(ids[:, 2], 2)  # GetTaskRation
+    np.testing.assert_array_equal(ids[:, 3], 1)  # if ASCEND_IS_AIV ran, ASCEND_IS_AIC did not
+    np.testing.assert_array_equal(ids[:, 4], 16 * 1024 * 1024)  # GetUserWorkspace = ws + GetLibApiWorkSpaceSize
+    np.testing.assert_array_equal(res["plain"].reshape(3, 3), [[0, 3, 1], [1, 3, 1], [2, 3, 1]])
+    # SyncAll residency of a MIX launch counts AIC cores (AIV / 2): 4 groups fit 8 AIVs, 5 do not
+    env = {"OPGEN_ASCEND_AIV_CORES": "8"}
+    _, rets = run(lib, [kernel("mix_ids", 4, "out", "ws")], env, out=np.zeros(40, np.int32), ws=np.zeros(8, np.uint8))
+    assert rets == [0]
+    msg = aborts(lib, [kernel("mix_ids", 5, "out", "ws")], env, out=np.zeros(50, np.int32), ws=np.zeros(8, np.uint8))
+    assert msg.startswith("ascend-model: rule 10 (blocks): SyncAll with numBlocks 5 > 4 AIC cores (MIX launch"), msg
+    assert msg.endswith("of kernel mix_ids]"), msg
+
+
+MM_RULE_CASES = [
+    # kernel, which, rule, short name, text
+    ("mm_rules", 1, 11, "matmul", "REGIST_MATMUL_OBJ after pipe.InitBuffer (1 buffer(s) already)"),
+    ("mm_rules", 2, 11, "matmul", "SetSingleShape(m 33, n 32, k 32): each must be in [1, the tiling's singleCoreM/N/K"),
+    ("mm_rules", 3, 9, "atomic", "Matmul::IterateAll(gm, enAtomic = 1): atomic accumulation of float results"),
+    ("mm_rules", 4, 0, "bounds", "Matmul::IterateAll (C): GM bytes [400, 4496) of a GlobalTensor<float> whose "
+     "SetGlobalBuffer size is 1024 elements"),
+    ("mm_rules", 5, 11, "matmul", "GetSysWorkSpacePtr() before SetSysWorkspace(workspace)"),
+    ("mm_rules", 6, 11, "matmul", "REGIST_MATMUL_OBJ: 5 Matmul objects registered (at most 4)"),
+    ("mm_rules", 7, 11, "matmul", "SetSingleShape on a Matmul object that REGIST_MATMUL_OBJ never registered"),
+    ("mm_rules", 8, 11, "matmul", "IterateAll before SetTensorA"),
+    ("mm_rules", 9, 11, "matmul", "cube buffer: baseM 256 x baseK 256 x 2 B x dbL0A 1 = 131072 B > L0A 65536 B"),
+    ("mm_rules", 10, 11, "matmul", "SetSingleShape(m 0, n 32, k 32)"),
+    ("mm_rules", 11, 11, "matmul", "SetTensorA(gm, isTransposeA = true) but A's MatmulType has ISTRANS = false"),
+    ("mm_rules", 12, 11, "matmul", "IterateAll: A rows hold 16 elements (org Ka 16) but the single shape needs 32"),
+    ("mm_rules", 13, 11, "matmul", "SetSingleShape before Init"),
+    ("mm_rules", 14, 11, "matmul", "SetSingleShape after End()"),
+    ("mm_not_mix", 0, 11, "matmul", "Matmul REGIST_MATMUL_OBJ in a kernel that did not declare "
+     "KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2)"),
+    ("mix_in_helper", 0, 10, "blocks", "KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2) but the kernel was "
+     "launched as vector-only"),
+]
+
+
+@pytest.mark.parametrize(("kname", "which", "rule", "name", "text"), MM_RULE_CASES,
+                         ids=[f"rule{c[2]}-{c[0]}-{c[1]}" for c in MM_RULE_CASES])
+def test_each_matmul_rule_aborts_with_its_message(lib: Path, kname: str, which: int, rule: int, name: str,
+                                                  text: str) -> None:
+    args = ("gm", which) if kname == "mm_rules" else ("gm",)
+    msg = aborts(lib, [kernel(kname, 1, *args)], gm=np.zeros(4096, np.float32))
+    assert msg.startswith(f"ascend-model: rule {rule} ({name}): "), msg
+    assert text in msg, msg
+    assert msg.endswith(f" of kernel {kname}]") and "[block " in msg, msg
+
+
+def test_matmul_positive_controls_run_clean(lib: Path, rng: np.random.Generator) -> None:
+    """mm_rules 0 (REGIST with the tiling) and 15 (REGIST + Init, 4 objects): C = A @ B of 32 x 32 halves."""
+    for which in (0, 15):
+        ab = rng.standard_normal(2048).astype(np.float16)
+        gm = np.zeros(4096, np.float32)
+        gm[:1024] = ab.view(np.float32)
+        res, rets = run(lib, [kernel("mm_rules", 2, "gm", which)], gm=gm)
+        assert rets == [0]
+        want = ab[:1024].astype(np.float64).reshape(32, 32) @ ab[1024:].astype(np.float64).reshape(32, 32)
+        np.testing.assert_allclose(res["gm"][1024:2048].reshape(32, 32), want, rtol=1e-5, atol=1e-4)
+
+
+def test_matmul_host_tiling(lib: Path) -> None:
+    res, rets = run(lib, [call("host_tiling", "out")], out=np.zeros(64, np.int64))
+    out = list(res["out"][:rets[0]])
+    # f16 100 x 300 x 70: fields; base blocks fit L0A/L0B (64 KiB) and L0C (128 KiB) once each
+    assert out[:23] == [0, 1, 100, 300, 70, 70, 100, 300, 70, 112, 256, 64, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1]
+    assert out[23:27] == [0, 128, 256, 32]  # f32: baseK 32
+    assert out[27] == 0  # bf16
+    # -1: A/B types differ, C f16, shape 0, shape > org, int32 overflow, int8, no types set
+    assert out[28:35] == [-1, -1, -1, -1, -1, -1, -1]
+    assert out[35:40] == [0, 4, 64, 64, -1]  # MultiCoreMatmulTiling: 4 cores of 64 x 64; SetDim(2) too few
+    assert out[40] == 16 * 1024 * 1024  # GetLibApiWorkSpaceSize
+
+
+def test_matmul_type_rules_fail_to_compile(tmp_path: Path) -> None:
+    src = tmp_path / "bad_mm.cpp"
+    src.write_text('#include "kernel_operator.h"\n#include "lib/matmul_intf.h"\nusing namespace matmul;\n'
+                   "using namespace AscendC;\n"
+                   "Matmul<MatmulType<TPosition::GM, CubeFormat::ND, half>, MatmulType<TPosition::GM, CubeFormat::ND,"
+                   " float>, MatmulType<TPosition::GM, CubeFormat::ND, half>> *bad;\n"
+                   "void f() { (void)sizeof(*bad); }\n")
+    r = subprocess.run([model_build.cxx(), *model_build.FLAGS, "-fsyntax-only", f"-I{model_build.HERE}", str(src)],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "ascend-model: rule 11 (matmul): A and B must have the same type" in r.stderr
+    assert "ascend-model: rule 11 (matmul): C must be float" in r.stderr
+
+
+def test_build_detects_mix_kernels() -> None:
+    ks = model_build.find_kernels(
+        '__aicore__ void helper() { KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2); }\n'
+        'extern "C" __global__ __aicore__ void a(GM_ADDR x) { if (1) { helper(); } }\n'
+        'extern "C" __global__ __aicore__ void b(GM_ADDR x) { const char *s = "}"; (void)s;\n'
+        '    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2); }\n'
+        'extern "C" __global__ __aicore__ void c(GM_ADDR x) { KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY); }\n'
+        '/* KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2) */\n')
+    assert [(k.name, k.mix) for k in ks] == [("a", False), ("b", True), ("c", False)]
+    assert '"b", true);' in model_build._launch_stub(ks)
+    assert '"a");' in model_build._launch_stub(ks)

@@ -33,7 +33,7 @@
 #include "aclrtlaunch_k_embedding_backward__i2_dtable2_f32_part1_streamed.h"
 
 static opgen_status_t k_embedding_backward_f16_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward_f16_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -267,7 +267,7 @@ static opgen_status_t k_embedding_backward_f16_tiling(const int64_t *dims, const
     const int64_t v223 = 1ll;
     const int64_t v224 = (v222 > v223 ? v222 : v223);
     tl->block_dim = v224;
-    const int64_t v225 = 512ll;
+    const int64_t v225 = 2048ll;
     tl->ws_bytes = v225;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -281,7 +281,7 @@ static opgen_status_t k_embedding_backward_f16_launch(const opgen_buf_t *bufs, c
 }
 
 static opgen_status_t k_embedding_backward_f16_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward_f16_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -506,7 +506,7 @@ static opgen_status_t k_embedding_backward_f16_streamed_tiling(const int64_t *di
     const int64_t v217 = 1ll;
     const int64_t v218 = (v216 > v217 ? v216 : v217);
     tl->block_dim = v218;
-    const int64_t v219 = 512ll;
+    const int64_t v219 = 2048ll;
     tl->ws_bytes = v219;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -530,7 +530,7 @@ static size_t h_k_embedding_backward_f16_ws(const int64_t *dims) {
         k_embedding_backward_f16_streamed_tiling_t tl;
         if (k_embedding_backward_f16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_backward_f16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -803,7 +803,7 @@ static opgen_status_t h_k_embedding_backward_f16__u64(const opgen_buf_t *bufs, c
 }
 
 static opgen_status_t k_embedding_backward_bf16_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward_bf16_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1037,7 +1037,7 @@ static opgen_status_t k_embedding_backward_bf16_tiling(const int64_t *dims, cons
     const int64_t v223 = 1ll;
     const int64_t v224 = (v222 > v223 ? v222 : v223);
     tl->block_dim = v224;
-    const int64_t v225 = 512ll;
+    const int64_t v225 = 2048ll;
     tl->ws_bytes = v225;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -1051,7 +1051,7 @@ static opgen_status_t k_embedding_backward_bf16_launch(const opgen_buf_t *bufs, 
 }
 
 static opgen_status_t k_embedding_backward_bf16_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward_bf16_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1276,7 +1276,7 @@ static opgen_status_t k_embedding_backward_bf16_streamed_tiling(const int64_t *d
     const int64_t v217 = 1ll;
     const int64_t v218 = (v216 > v217 ? v216 : v217);
     tl->block_dim = v218;
-    const int64_t v219 = 512ll;
+    const int64_t v219 = 2048ll;
     tl->ws_bytes = v219;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -1300,7 +1300,7 @@ static size_t h_k_embedding_backward_bf16_ws(const int64_t *dims) {
         k_embedding_backward_bf16_streamed_tiling_t tl;
         if (k_embedding_backward_bf16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_backward_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -1573,7 +1573,7 @@ static opgen_status_t h_k_embedding_backward_bf16__u64(const opgen_buf_t *bufs, 
 }
 
 static opgen_status_t k_embedding_backward_f32_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward_f32_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1799,7 +1799,7 @@ static opgen_status_t k_embedding_backward_f32_tiling(const int64_t *dims, const
     const int64_t v216 = 1ll;
     const int64_t v217 = (v215 > v216 ? v215 : v216);
     tl->block_dim = v217;
-    const int64_t v218 = 512ll;
+    const int64_t v218 = 2048ll;
     tl->ws_bytes = v218;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -1813,7 +1813,7 @@ static opgen_status_t k_embedding_backward_f32_launch(const opgen_buf_t *bufs, c
 }
 
 static opgen_status_t k_embedding_backward_f32_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward_f32_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2030,7 +2030,7 @@ static opgen_status_t k_embedding_backward_f32_streamed_tiling(const int64_t *di
     const int64_t v210 = 1ll;
     const int64_t v211 = (v209 > v210 ? v209 : v210);
     tl->block_dim = v211;
-    const int64_t v212 = 512ll;
+    const int64_t v212 = 2048ll;
     tl->ws_bytes = v212;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -2054,7 +2054,7 @@ static size_t h_k_embedding_backward_f32_ws(const int64_t *dims) {
         k_embedding_backward_f32_streamed_tiling_t tl;
         if (k_embedding_backward_f32_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_backward_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -2327,7 +2327,7 @@ static opgen_status_t h_k_embedding_backward_f32__u64(const opgen_buf_t *bufs, c
 }
 
 static opgen_status_t k_embedding_backward__i2_f16_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_f16_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2558,7 +2558,7 @@ static opgen_status_t k_embedding_backward__i2_f16_tiling(const int64_t *dims, c
     const int64_t v220 = 1ll;
     const int64_t v221 = (v219 > v220 ? v219 : v220);
     tl->block_dim = v221;
-    const int64_t v222 = 512ll;
+    const int64_t v222 = 2048ll;
     tl->ws_bytes = v222;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -2572,7 +2572,7 @@ static opgen_status_t k_embedding_backward__i2_f16_launch(const opgen_buf_t *buf
 }
 
 static opgen_status_t k_embedding_backward__i2_f16_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_f16_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -2794,7 +2794,7 @@ static opgen_status_t k_embedding_backward__i2_f16_streamed_tiling(const int64_t
     const int64_t v214 = 1ll;
     const int64_t v215 = (v213 > v214 ? v213 : v214);
     tl->block_dim = v215;
-    const int64_t v216 = 512ll;
+    const int64_t v216 = 2048ll;
     tl->ws_bytes = v216;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -2818,7 +2818,7 @@ static size_t h_k_embedding_backward__i2_f16_ws(const int64_t *dims) {
         k_embedding_backward__i2_f16_streamed_tiling_t tl;
         if (k_embedding_backward__i2_f16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_backward__i2_f16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -3091,7 +3091,7 @@ static opgen_status_t h_k_embedding_backward__i2_f16__u64(const opgen_buf_t *buf
 }
 
 static opgen_status_t k_embedding_backward__i2_bf16_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_bf16_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -3322,7 +3322,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_tiling(const int64_t *dims, 
     const int64_t v220 = 1ll;
     const int64_t v221 = (v219 > v220 ? v219 : v220);
     tl->block_dim = v221;
-    const int64_t v222 = 512ll;
+    const int64_t v222 = 2048ll;
     tl->ws_bytes = v222;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -3336,7 +3336,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_launch(const opgen_buf_t *bu
 }
 
 static opgen_status_t k_embedding_backward__i2_bf16_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_bf16_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -3558,7 +3558,7 @@ static opgen_status_t k_embedding_backward__i2_bf16_streamed_tiling(const int64_
     const int64_t v214 = 1ll;
     const int64_t v215 = (v213 > v214 ? v213 : v214);
     tl->block_dim = v215;
-    const int64_t v216 = 512ll;
+    const int64_t v216 = 2048ll;
     tl->ws_bytes = v216;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -3582,7 +3582,7 @@ static size_t h_k_embedding_backward__i2_bf16_ws(const int64_t *dims) {
         k_embedding_backward__i2_bf16_streamed_tiling_t tl;
         if (k_embedding_backward__i2_bf16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_backward__i2_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -3855,7 +3855,7 @@ static opgen_status_t h_k_embedding_backward__i2_bf16__u64(const opgen_buf_t *bu
 }
 
 static opgen_status_t k_embedding_backward__i2_f32_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_f32_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4078,7 +4078,7 @@ static opgen_status_t k_embedding_backward__i2_f32_tiling(const int64_t *dims, c
     const int64_t v213 = 1ll;
     const int64_t v214 = (v212 > v213 ? v212 : v213);
     tl->block_dim = v214;
-    const int64_t v215 = 512ll;
+    const int64_t v215 = 2048ll;
     tl->ws_bytes = v215;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -4092,7 +4092,7 @@ static opgen_status_t k_embedding_backward__i2_f32_launch(const opgen_buf_t *buf
 }
 
 static opgen_status_t k_embedding_backward__i2_f32_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_f32_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4306,7 +4306,7 @@ static opgen_status_t k_embedding_backward__i2_f32_streamed_tiling(const int64_t
     const int64_t v207 = 1ll;
     const int64_t v208 = (v206 > v207 ? v206 : v207);
     tl->block_dim = v208;
-    const int64_t v209 = 512ll;
+    const int64_t v209 = 2048ll;
     tl->ws_bytes = v209;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -4330,7 +4330,7 @@ static size_t h_k_embedding_backward__i2_f32_ws(const int64_t *dims) {
         k_embedding_backward__i2_f32_streamed_tiling_t tl;
         if (k_embedding_backward__i2_f32_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_backward__i2_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -4603,7 +4603,7 @@ static opgen_status_t h_k_embedding_backward__i2_f32__u64(const opgen_buf_t *buf
 }
 
 static opgen_status_t k_embedding_backward__dtable2_f16_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__dtable2_f16_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -4837,7 +4837,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_tiling(const int64_t *di
     const int64_t v223 = 1ll;
     const int64_t v224 = (v222 > v223 ? v222 : v223);
     tl->block_dim = v224;
-    const int64_t v225 = 512ll;
+    const int64_t v225 = 2048ll;
     tl->ws_bytes = v225;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -4851,7 +4851,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_launch(const opgen_buf_t
 }
 
 static opgen_status_t k_embedding_backward__dtable2_f16_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__dtable2_f16_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5076,7 +5076,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16_streamed_tiling(const in
     const int64_t v217 = 1ll;
     const int64_t v218 = (v216 > v217 ? v216 : v217);
     tl->block_dim = v218;
-    const int64_t v219 = 512ll;
+    const int64_t v219 = 2048ll;
     tl->ws_bytes = v219;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -5100,7 +5100,7 @@ static size_t h_k_embedding_backward__dtable2_f16_ws(const int64_t *dims) {
         k_embedding_backward__dtable2_f16_streamed_tiling_t tl;
         if (k_embedding_backward__dtable2_f16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_backward__dtable2_f16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -5373,7 +5373,7 @@ static opgen_status_t h_k_embedding_backward__dtable2_f16__u64(const opgen_buf_t
 }
 
 static opgen_status_t k_embedding_backward__dtable2_bf16_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__dtable2_bf16_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5607,7 +5607,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_tiling(const int64_t *d
     const int64_t v223 = 1ll;
     const int64_t v224 = (v222 > v223 ? v222 : v223);
     tl->block_dim = v224;
-    const int64_t v225 = 512ll;
+    const int64_t v225 = 2048ll;
     tl->ws_bytes = v225;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -5621,7 +5621,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_launch(const opgen_buf_
 }
 
 static opgen_status_t k_embedding_backward__dtable2_bf16_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__dtable2_bf16_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -5846,7 +5846,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_streamed_tiling(const i
     const int64_t v217 = 1ll;
     const int64_t v218 = (v216 > v217 ? v216 : v217);
     tl->block_dim = v218;
-    const int64_t v219 = 512ll;
+    const int64_t v219 = 2048ll;
     tl->ws_bytes = v219;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -5870,7 +5870,7 @@ static size_t h_k_embedding_backward__dtable2_bf16_ws(const int64_t *dims) {
         k_embedding_backward__dtable2_bf16_streamed_tiling_t tl;
         if (k_embedding_backward__dtable2_bf16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_backward__dtable2_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -6143,7 +6143,7 @@ static opgen_status_t h_k_embedding_backward__dtable2_bf16__u64(const opgen_buf_
 }
 
 static opgen_status_t k_embedding_backward__dtable2_f32_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__dtable2_f32_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -6369,7 +6369,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_tiling(const int64_t *di
     const int64_t v216 = 1ll;
     const int64_t v217 = (v215 > v216 ? v215 : v216);
     tl->block_dim = v217;
-    const int64_t v218 = 512ll;
+    const int64_t v218 = 2048ll;
     tl->ws_bytes = v218;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -6383,7 +6383,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_launch(const opgen_buf_t
 }
 
 static opgen_status_t k_embedding_backward__dtable2_f32_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__dtable2_f32_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -6600,7 +6600,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32_streamed_tiling(const in
     const int64_t v210 = 1ll;
     const int64_t v211 = (v209 > v210 ? v209 : v210);
     tl->block_dim = v211;
-    const int64_t v212 = 512ll;
+    const int64_t v212 = 2048ll;
     tl->ws_bytes = v212;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -6624,7 +6624,7 @@ static size_t h_k_embedding_backward__dtable2_f32_ws(const int64_t *dims) {
         k_embedding_backward__dtable2_f32_streamed_tiling_t tl;
         if (k_embedding_backward__dtable2_f32_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_backward__dtable2_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -6897,7 +6897,7 @@ static opgen_status_t h_k_embedding_backward__dtable2_f32__u64(const opgen_buf_t
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f16_part0_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_dtable2_f16_part0_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7128,7 +7128,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_part0_tiling(const in
     const int64_t v220 = 1ll;
     const int64_t v221 = (v219 > v220 ? v219 : v220);
     tl->block_dim = v221;
-    const int64_t v222 = 512ll;
+    const int64_t v222 = 2048ll;
     tl->ws_bytes = v222;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -7142,7 +7142,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_part0_launch(const op
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f16_part0_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_dtable2_f16_part0_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7364,7 +7364,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_part0_streamed_tiling
     const int64_t v214 = 1ll;
     const int64_t v215 = (v213 > v214 ? v213 : v214);
     tl->block_dim = v215;
-    const int64_t v216 = 512ll;
+    const int64_t v216 = 2048ll;
     tl->ws_bytes = v216;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -7388,7 +7388,7 @@ static size_t h_k_embedding_backward__i2_dtable2_f16_part0_ws(const int64_t *dim
         k_embedding_backward__i2_dtable2_f16_part0_streamed_tiling_t tl;
         if (k_embedding_backward__i2_dtable2_f16_part0_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_backward__i2_dtable2_f16_part0_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -7421,7 +7421,7 @@ static opgen_status_t h_k_embedding_backward__i2_dtable2_f16_part0(const opgen_b
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f16_part1_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_dtable2_f16_part1_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7652,7 +7652,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_part1_tiling(const in
     const int64_t v220 = 1ll;
     const int64_t v221 = (v219 > v220 ? v219 : v220);
     tl->block_dim = v221;
-    const int64_t v222 = 512ll;
+    const int64_t v222 = 2048ll;
     tl->ws_bytes = v222;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -7666,7 +7666,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_part1_launch(const op
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f16_part1_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_dtable2_f16_part1_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -7888,7 +7888,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_part1_streamed_tiling
     const int64_t v214 = 1ll;
     const int64_t v215 = (v213 > v214 ? v213 : v214);
     tl->block_dim = v215;
-    const int64_t v216 = 512ll;
+    const int64_t v216 = 2048ll;
     tl->ws_bytes = v216;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -7912,7 +7912,7 @@ static size_t h_k_embedding_backward__i2_dtable2_f16_part1_ws(const int64_t *dim
         k_embedding_backward__i2_dtable2_f16_part1_streamed_tiling_t tl;
         if (k_embedding_backward__i2_dtable2_f16_part1_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_backward__i2_dtable2_f16_part1_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -8319,7 +8319,7 @@ static opgen_status_t h_embedding_backward__i2_dtable2_f16__u64__u64(const opgen
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part0_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_dtable2_bf16_part0_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -8550,7 +8550,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part0_tiling(const i
     const int64_t v220 = 1ll;
     const int64_t v221 = (v219 > v220 ? v219 : v220);
     tl->block_dim = v221;
-    const int64_t v222 = 512ll;
+    const int64_t v222 = 2048ll;
     tl->ws_bytes = v222;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -8564,7 +8564,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part0_launch(const o
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part0_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_dtable2_bf16_part0_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -8786,7 +8786,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part0_streamed_tilin
     const int64_t v214 = 1ll;
     const int64_t v215 = (v213 > v214 ? v213 : v214);
     tl->block_dim = v215;
-    const int64_t v216 = 512ll;
+    const int64_t v216 = 2048ll;
     tl->ws_bytes = v216;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -8810,7 +8810,7 @@ static size_t h_k_embedding_backward__i2_dtable2_bf16_part0_ws(const int64_t *di
         k_embedding_backward__i2_dtable2_bf16_part0_streamed_tiling_t tl;
         if (k_embedding_backward__i2_dtable2_bf16_part0_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_backward__i2_dtable2_bf16_part0_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -8843,7 +8843,7 @@ static opgen_status_t h_k_embedding_backward__i2_dtable2_bf16_part0(const opgen_
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part1_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_dtable2_bf16_part1_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -9074,7 +9074,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part1_tiling(const i
     const int64_t v220 = 1ll;
     const int64_t v221 = (v219 > v220 ? v219 : v220);
     tl->block_dim = v221;
-    const int64_t v222 = 512ll;
+    const int64_t v222 = 2048ll;
     tl->ws_bytes = v222;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -9088,7 +9088,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part1_launch(const o
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part1_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_dtable2_bf16_part1_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -9310,7 +9310,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part1_streamed_tilin
     const int64_t v214 = 1ll;
     const int64_t v215 = (v213 > v214 ? v213 : v214);
     tl->block_dim = v215;
-    const int64_t v216 = 512ll;
+    const int64_t v216 = 2048ll;
     tl->ws_bytes = v216;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -9334,7 +9334,7 @@ static size_t h_k_embedding_backward__i2_dtable2_bf16_part1_ws(const int64_t *di
         k_embedding_backward__i2_dtable2_bf16_part1_streamed_tiling_t tl;
         if (k_embedding_backward__i2_dtable2_bf16_part1_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_backward__i2_dtable2_bf16_part1_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -9741,7 +9741,7 @@ static opgen_status_t h_embedding_backward__i2_dtable2_bf16__u64__u64(const opge
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f32_part0_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_dtable2_f32_part0_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -9964,7 +9964,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_part0_tiling(const in
     const int64_t v213 = 1ll;
     const int64_t v214 = (v212 > v213 ? v212 : v213);
     tl->block_dim = v214;
-    const int64_t v215 = 512ll;
+    const int64_t v215 = 2048ll;
     tl->ws_bytes = v215;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -9978,7 +9978,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_part0_launch(const op
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f32_part0_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_dtable2_f32_part0_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -10192,7 +10192,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_part0_streamed_tiling
     const int64_t v207 = 1ll;
     const int64_t v208 = (v206 > v207 ? v206 : v207);
     tl->block_dim = v208;
-    const int64_t v209 = 512ll;
+    const int64_t v209 = 2048ll;
     tl->ws_bytes = v209;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -10216,7 +10216,7 @@ static size_t h_k_embedding_backward__i2_dtable2_f32_part0_ws(const int64_t *dim
         k_embedding_backward__i2_dtable2_f32_part0_streamed_tiling_t tl;
         if (k_embedding_backward__i2_dtable2_f32_part0_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_backward__i2_dtable2_f32_part0_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -10249,7 +10249,7 @@ static opgen_status_t h_k_embedding_backward__i2_dtable2_f32_part0(const opgen_b
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f32_part1_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_dtable2_f32_part1_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -10472,7 +10472,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_part1_tiling(const in
     const int64_t v213 = 1ll;
     const int64_t v214 = (v212 > v213 ? v212 : v213);
     tl->block_dim = v214;
-    const int64_t v215 = 512ll;
+    const int64_t v215 = 2048ll;
     tl->ws_bytes = v215;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -10486,7 +10486,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_part1_launch(const op
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f32_part1_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_backward__i2_dtable2_f32_part1_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -10700,7 +10700,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_part1_streamed_tiling
     const int64_t v207 = 1ll;
     const int64_t v208 = (v206 > v207 ? v206 : v207);
     tl->block_dim = v208;
-    const int64_t v209 = 512ll;
+    const int64_t v209 = 2048ll;
     tl->ws_bytes = v209;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -10724,7 +10724,7 @@ static size_t h_k_embedding_backward__i2_dtable2_f32_part1_ws(const int64_t *dim
         k_embedding_backward__i2_dtable2_f32_part1_streamed_tiling_t tl;
         if (k_embedding_backward__i2_dtable2_f32_part1_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_backward__i2_dtable2_f32_part1_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;

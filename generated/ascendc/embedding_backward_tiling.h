@@ -36,7 +36,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward_f16_tiling_t;
-static_assert(sizeof(k_embedding_backward_f16_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward_f16_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -73,7 +73,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward_f16_streamed_tiling_t;
-static_assert(sizeof(k_embedding_backward_f16_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward_f16_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -108,7 +108,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward_bf16_tiling_t;
-static_assert(sizeof(k_embedding_backward_bf16_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward_bf16_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -145,7 +145,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward_bf16_streamed_tiling_t;
-static_assert(sizeof(k_embedding_backward_bf16_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward_bf16_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -179,7 +179,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward_f32_tiling_t;
-static_assert(sizeof(k_embedding_backward_f32_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward_f32_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -215,7 +215,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward_f32_streamed_tiling_t;
-static_assert(sizeof(k_embedding_backward_f32_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward_f32_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -250,7 +250,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_f16_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_f16_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_f16_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -287,7 +287,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_f16_streamed_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_f16_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_f16_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -322,7 +322,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_bf16_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_bf16_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_bf16_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -359,7 +359,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_bf16_streamed_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_bf16_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_bf16_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -393,7 +393,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_f32_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_f32_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_f32_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -429,7 +429,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_f32_streamed_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_f32_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_f32_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -464,7 +464,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__dtable2_f16_tiling_t;
-static_assert(sizeof(k_embedding_backward__dtable2_f16_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__dtable2_f16_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -501,7 +501,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__dtable2_f16_streamed_tiling_t;
-static_assert(sizeof(k_embedding_backward__dtable2_f16_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__dtable2_f16_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -536,7 +536,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__dtable2_bf16_tiling_t;
-static_assert(sizeof(k_embedding_backward__dtable2_bf16_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__dtable2_bf16_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -573,7 +573,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__dtable2_bf16_streamed_tiling_t;
-static_assert(sizeof(k_embedding_backward__dtable2_bf16_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__dtable2_bf16_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -607,7 +607,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__dtable2_f32_tiling_t;
-static_assert(sizeof(k_embedding_backward__dtable2_f32_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__dtable2_f32_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -643,7 +643,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__dtable2_f32_streamed_tiling_t;
-static_assert(sizeof(k_embedding_backward__dtable2_f32_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__dtable2_f32_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -678,7 +678,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_dtable2_f16_part0_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_dtable2_f16_part0_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_dtable2_f16_part0_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -715,7 +715,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_dtable2_f16_part0_streamed_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_dtable2_f16_part0_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_dtable2_f16_part0_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -750,7 +750,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_dtable2_f16_part1_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_dtable2_f16_part1_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_dtable2_f16_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -787,7 +787,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_dtable2_f16_part1_streamed_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_dtable2_f16_part1_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_dtable2_f16_part1_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -822,7 +822,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_dtable2_bf16_part0_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_dtable2_bf16_part0_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_dtable2_bf16_part0_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -859,7 +859,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_dtable2_bf16_part0_streamed_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_dtable2_bf16_part0_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_dtable2_bf16_part0_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -894,7 +894,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_dtable2_bf16_part1_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_dtable2_bf16_part1_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_dtable2_bf16_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -931,7 +931,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_dtable2_bf16_part1_streamed_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_dtable2_bf16_part1_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_dtable2_bf16_part1_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -965,7 +965,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_dtable2_f32_part0_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_dtable2_f32_part0_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_dtable2_f32_part0_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1001,7 +1001,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_dtable2_f32_part0_streamed_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_dtable2_f32_part0_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_dtable2_f32_part0_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1035,7 +1035,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_dtable2_f32_part1_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_dtable2_f32_part1_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_dtable2_f32_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1071,6 +1071,6 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_backward__i2_dtable2_f32_part1_streamed_tiling_t;
-static_assert(sizeof(k_embedding_backward__i2_dtable2_f32_part1_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_backward__i2_dtable2_f32_part1_streamed_tiling_t) <= 2048, "tiling data too large");
 
 #endif /* OPGEN_ASCENDC_EMBEDDING_BACKWARD_TILING_H */

@@ -7,7 +7,7 @@
 #include "aclrtlaunch_k_embedding_bw_f32_streamed.h"
 
 static opgen_status_t k_embedding_bw_bf16_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_bw_bf16_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -200,7 +200,7 @@ static opgen_status_t k_embedding_bw_bf16_tiling(const int64_t *dims, const opge
     const int64_t v195 = 1ll;
     const int64_t v196 = (v194 > v195 ? v194 : v195);
     tl->block_dim = v196;
-    const int64_t v197 = 512ll;
+    const int64_t v197 = 2048ll;
     tl->ws_bytes = v197;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -214,7 +214,7 @@ static opgen_status_t k_embedding_bw_bf16_launch(const opgen_buf_t *bufs, const 
 }
 
 static opgen_status_t k_embedding_bw_bf16_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_bw_bf16_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -398,7 +398,7 @@ static opgen_status_t k_embedding_bw_bf16_streamed_tiling(const int64_t *dims, c
     const int64_t v189 = 1ll;
     const int64_t v190 = (v188 > v189 ? v188 : v189);
     tl->block_dim = v190;
-    const int64_t v191 = 512ll;
+    const int64_t v191 = 2048ll;
     tl->ws_bytes = v191;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -422,7 +422,7 @@ static size_t h_k_embedding_bw_bf16_ws(const int64_t *dims) {
         k_embedding_bw_bf16_streamed_tiling_t tl;
         if (k_embedding_bw_bf16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_bw_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -545,7 +545,7 @@ static opgen_status_t h_k_embedding_bw_bf16__i64(const opgen_buf_t *bufs, const 
 }
 
 static opgen_status_t k_embedding_bw_f32_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_bw_f32_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -731,7 +731,7 @@ static opgen_status_t k_embedding_bw_f32_tiling(const int64_t *dims, const opgen
     const int64_t v189 = 1ll;
     const int64_t v190 = (v188 > v189 ? v188 : v189);
     tl->block_dim = v190;
-    const int64_t v191 = 512ll;
+    const int64_t v191 = 2048ll;
     tl->ws_bytes = v191;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -745,7 +745,7 @@ static opgen_status_t k_embedding_bw_f32_launch(const opgen_buf_t *bufs, const k
 }
 
 static opgen_status_t k_embedding_bw_f32_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_bw_f32_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_V = dims[1]; (void)d_V;
@@ -921,7 +921,7 @@ static opgen_status_t k_embedding_bw_f32_streamed_tiling(const int64_t *dims, co
     const int64_t v182 = 1ll;
     const int64_t v183 = (v181 > v182 ? v181 : v182);
     tl->block_dim = v183;
-    const int64_t v184 = 512ll;
+    const int64_t v184 = 2048ll;
     tl->ws_bytes = v184;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -945,7 +945,7 @@ static size_t h_k_embedding_bw_f32_ws(const int64_t *dims) {
         k_embedding_bw_f32_streamed_tiling_t tl;
         if (k_embedding_bw_f32_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_bw_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;

@@ -28,7 +28,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_bw_bf16_tiling_t;
-static_assert(sizeof(k_embedding_bw_bf16_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_bw_bf16_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[3];
@@ -57,7 +57,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_bw_bf16_streamed_tiling_t;
-static_assert(sizeof(k_embedding_bw_bf16_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_bw_bf16_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[3];
@@ -83,7 +83,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_bw_f32_tiling_t;
-static_assert(sizeof(k_embedding_bw_f32_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_bw_f32_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[3];
@@ -111,6 +111,6 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_bw_f32_streamed_tiling_t;
-static_assert(sizeof(k_embedding_bw_f32_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_bw_f32_streamed_tiling_t) <= 2048, "tiling data too large");
 
 #endif /* OPGEN_ASCENDC_EMBEDDING_BW_TILING_H */

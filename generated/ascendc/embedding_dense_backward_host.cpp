@@ -9,7 +9,7 @@
 #include "aclrtlaunch_k_embedding_dense_backward_bf16_streamed.h"
 
 static opgen_status_t k_embedding_dense_backward_f32_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_dense_backward_f32_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -213,7 +213,7 @@ static opgen_status_t k_embedding_dense_backward_f32_tiling(const int64_t *dims,
     const int64_t v207 = 1ll;
     const int64_t v208 = (v206 > v207 ? v206 : v207);
     tl->block_dim = v208;
-    const int64_t v209 = 512ll;
+    const int64_t v209 = 2048ll;
     tl->ws_bytes = v209;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -227,7 +227,7 @@ static opgen_status_t k_embedding_dense_backward_f32_launch(const opgen_buf_t *b
 }
 
 static opgen_status_t k_embedding_dense_backward_f32_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_dense_backward_f32_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -423,7 +423,7 @@ static opgen_status_t k_embedding_dense_backward_f32_streamed_tiling(const int64
     const int64_t v202 = 1ll;
     const int64_t v203 = (v201 > v202 ? v201 : v202);
     tl->block_dim = v203;
-    const int64_t v204 = 512ll;
+    const int64_t v204 = 2048ll;
     tl->ws_bytes = v204;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -447,7 +447,7 @@ static size_t h_k_embedding_dense_backward_f32_ws(const int64_t *dims) {
         k_embedding_dense_backward_f32_streamed_tiling_t tl;
         if (k_embedding_dense_backward_f32_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_dense_backward_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -720,7 +720,7 @@ static opgen_status_t h_k_embedding_dense_backward_f32__bool(const opgen_buf_t *
 }
 
 static opgen_status_t k_embedding_dense_backward_f16_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_dense_backward_f16_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -925,7 +925,7 @@ static opgen_status_t k_embedding_dense_backward_f16_tiling(const int64_t *dims,
     const int64_t v208 = 1ll;
     const int64_t v209 = (v207 > v208 ? v207 : v208);
     tl->block_dim = v209;
-    const int64_t v210 = 512ll;
+    const int64_t v210 = 2048ll;
     tl->ws_bytes = v210;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -939,7 +939,7 @@ static opgen_status_t k_embedding_dense_backward_f16_launch(const opgen_buf_t *b
 }
 
 static opgen_status_t k_embedding_dense_backward_f16_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_dense_backward_f16_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1136,7 +1136,7 @@ static opgen_status_t k_embedding_dense_backward_f16_streamed_tiling(const int64
     const int64_t v203 = 1ll;
     const int64_t v204 = (v202 > v203 ? v202 : v203);
     tl->block_dim = v204;
-    const int64_t v205 = 512ll;
+    const int64_t v205 = 2048ll;
     tl->ws_bytes = v205;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -1160,7 +1160,7 @@ static size_t h_k_embedding_dense_backward_f16_ws(const int64_t *dims) {
         k_embedding_dense_backward_f16_streamed_tiling_t tl;
         if (k_embedding_dense_backward_f16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_dense_backward_f16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -1433,7 +1433,7 @@ static opgen_status_t h_k_embedding_dense_backward_f16__bool(const opgen_buf_t *
 }
 
 static opgen_status_t k_embedding_dense_backward_bf16_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_dense_backward_bf16_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1638,7 +1638,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_tiling(const int64_t *dims
     const int64_t v208 = 1ll;
     const int64_t v209 = (v207 > v208 ? v207 : v208);
     tl->block_dim = v209;
-    const int64_t v210 = 512ll;
+    const int64_t v210 = 2048ll;
     tl->ws_bytes = v210;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -1652,7 +1652,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_launch(const opgen_buf_t *
 }
 
 static opgen_status_t k_embedding_dense_backward_bf16_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_embedding_dense_backward_bf16_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1849,7 +1849,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_streamed_tiling(const int6
     const int64_t v203 = 1ll;
     const int64_t v204 = (v202 > v203 ? v202 : v203);
     tl->block_dim = v204;
-    const int64_t v205 = 512ll;
+    const int64_t v205 = 2048ll;
     tl->ws_bytes = v205;
     (void)dims; (void)sc; (void)cores; (void)ub_bytes;
     return OPGEN_SUCCESS;
@@ -1873,7 +1873,7 @@ static size_t h_k_embedding_dense_backward_bf16_ws(const int64_t *dims) {
         k_embedding_dense_backward_bf16_streamed_tiling_t tl;
         if (k_embedding_dense_backward_bf16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_embedding_dense_backward_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;

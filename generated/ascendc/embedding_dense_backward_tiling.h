@@ -32,7 +32,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_dense_backward_f32_tiling_t;
-static_assert(sizeof(k_embedding_dense_backward_f32_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_dense_backward_f32_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[3];
@@ -65,7 +65,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_dense_backward_f32_streamed_tiling_t;
-static_assert(sizeof(k_embedding_dense_backward_f32_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_dense_backward_f32_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[3];
@@ -96,7 +96,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_dense_backward_f16_tiling_t;
-static_assert(sizeof(k_embedding_dense_backward_f16_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_dense_backward_f16_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[3];
@@ -129,7 +129,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_dense_backward_f16_streamed_tiling_t;
-static_assert(sizeof(k_embedding_dense_backward_f16_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_dense_backward_f16_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[3];
@@ -160,7 +160,7 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_dense_backward_bf16_tiling_t;
-static_assert(sizeof(k_embedding_dense_backward_bf16_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_dense_backward_bf16_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[3];
@@ -193,6 +193,6 @@ typedef struct {
     int64_t block_dim;
     int64_t ws_bytes;
 } k_embedding_dense_backward_bf16_streamed_tiling_t;
-static_assert(sizeof(k_embedding_dense_backward_bf16_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_embedding_dense_backward_bf16_streamed_tiling_t) <= 2048, "tiling data too large");
 
 #endif /* OPGEN_ASCENDC_EMBEDDING_DENSE_BACKWARD_TILING_H */

@@ -45,6 +45,10 @@ int64_t opgen_ascendc_ub_bytes(void) {
     return (int64_t)ub;
 }
 
+int64_t opgen_ascendc_sys_ws_bytes(void) {
+    return (int64_t)platform_ascendc::PlatformAscendCManager::GetInstance()->GetLibApiWorkSpaceSize();
+}
+
 opgen_status_t opgen_ascendc_launched(const char *what) {
     (void)what;
     return OPGEN_SUCCESS;

@@ -9,7 +9,7 @@
 #include "aclrtlaunch_k_rms_norm_backward_bf16_streamed.h"
 
 static opgen_status_t k_rms_norm_backward_f16_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_rms_norm_backward_f16_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -275,7 +275,7 @@ static opgen_status_t k_rms_norm_backward_f16_tiling(const int64_t *dims, const 
     const int64_t v273 = 1ll;
     const int64_t v274 = (v272 > v273 ? v272 : v273);
     tl->block_dim = v274;
-    const int64_t v275 = 512ll;
+    const int64_t v275 = 2048ll;
     const int64_t v276 = 4ll;
     const int64_t v277 = 4611686018427387904ll;
     const int64_t v278 = 1ll;
@@ -314,7 +314,7 @@ static opgen_status_t k_rms_norm_backward_f16_launch(const opgen_buf_t *bufs, co
 }
 
 static opgen_status_t k_rms_norm_backward_f16_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_rms_norm_backward_f16_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -555,7 +555,7 @@ static opgen_status_t k_rms_norm_backward_f16_streamed_tiling(const int64_t *dim
     const int64_t v252 = 1ll;
     const int64_t v253 = (v251 > v252 ? v251 : v252);
     tl->block_dim = v253;
-    const int64_t v254 = 512ll;
+    const int64_t v254 = 2048ll;
     const int64_t v255 = 4ll;
     const int64_t v256 = 4611686018427387904ll;
     const int64_t v257 = 1ll;
@@ -604,7 +604,7 @@ static size_t h_k_rms_norm_backward_f16_ws(const int64_t *dims) {
         k_rms_norm_backward_f16_streamed_tiling_t tl;
         if (k_rms_norm_backward_f16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_rms_norm_backward_f16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -637,7 +637,7 @@ static opgen_status_t h_k_rms_norm_backward_f16(const opgen_buf_t *bufs, const i
 }
 
 static opgen_status_t k_rms_norm_backward_f32_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_rms_norm_backward_f32_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -882,7 +882,7 @@ static opgen_status_t k_rms_norm_backward_f32_tiling(const int64_t *dims, const 
     const int64_t v255 = 1ll;
     const int64_t v256 = (v254 > v255 ? v254 : v255);
     tl->block_dim = v256;
-    const int64_t v257 = 512ll;
+    const int64_t v257 = 2048ll;
     const int64_t v258 = 4ll;
     const int64_t v259 = 4611686018427387904ll;
     const int64_t v260 = 1ll;
@@ -921,7 +921,7 @@ static opgen_status_t k_rms_norm_backward_f32_launch(const opgen_buf_t *bufs, co
 }
 
 static opgen_status_t k_rms_norm_backward_f32_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_rms_norm_backward_f32_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1148,7 +1148,7 @@ static opgen_status_t k_rms_norm_backward_f32_streamed_tiling(const int64_t *dim
     const int64_t v240 = 1ll;
     const int64_t v241 = (v239 > v240 ? v239 : v240);
     tl->block_dim = v241;
-    const int64_t v242 = 512ll;
+    const int64_t v242 = 2048ll;
     const int64_t v243 = 4ll;
     const int64_t v244 = 4611686018427387904ll;
     const int64_t v245 = 1ll;
@@ -1197,7 +1197,7 @@ static size_t h_k_rms_norm_backward_f32_ws(const int64_t *dims) {
         k_rms_norm_backward_f32_streamed_tiling_t tl;
         if (k_rms_norm_backward_f32_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_rms_norm_backward_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;
@@ -1230,7 +1230,7 @@ static opgen_status_t h_k_rms_norm_backward_f32(const opgen_buf_t *bufs, const i
 }
 
 static opgen_status_t k_rms_norm_backward_bf16_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_rms_norm_backward_bf16_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1496,7 +1496,7 @@ static opgen_status_t k_rms_norm_backward_bf16_tiling(const int64_t *dims, const
     const int64_t v273 = 1ll;
     const int64_t v274 = (v272 > v273 ? v272 : v273);
     tl->block_dim = v274;
-    const int64_t v275 = 512ll;
+    const int64_t v275 = 2048ll;
     const int64_t v276 = 4ll;
     const int64_t v277 = 4611686018427387904ll;
     const int64_t v278 = 1ll;
@@ -1535,7 +1535,7 @@ static opgen_status_t k_rms_norm_backward_bf16_launch(const opgen_buf_t *bufs, c
 }
 
 static opgen_status_t k_rms_norm_backward_bf16_streamed_tiling(const int64_t *dims, const opgen_scalar_t *sc, int64_t cores, int64_t ub_bytes, k_rms_norm_backward_bf16_streamed_tiling_t *tl) {
-    memset(tl, 0, sizeof *tl);
+    *tl = {};
     const int64_t d_N = dims[0]; (void)d_N;
     tl->dims[0] = d_N;
     const int64_t d_D = dims[1]; (void)d_D;
@@ -1776,7 +1776,7 @@ static opgen_status_t k_rms_norm_backward_bf16_streamed_tiling(const int64_t *di
     const int64_t v252 = 1ll;
     const int64_t v253 = (v251 > v252 ? v251 : v252);
     tl->block_dim = v253;
-    const int64_t v254 = 512ll;
+    const int64_t v254 = 2048ll;
     const int64_t v255 = 4ll;
     const int64_t v256 = 4611686018427387904ll;
     const int64_t v257 = 1ll;
@@ -1825,7 +1825,7 @@ static size_t h_k_rms_norm_backward_bf16_ws(const int64_t *dims) {
         k_rms_norm_backward_bf16_streamed_tiling_t tl;
         if (k_rms_norm_backward_bf16_streamed_tiling(dims, sc, opgen_ascendc_cores(), opgen_ascendc_ub_bytes(), &tl) == OPGEN_SUCCESS) return (size_t)tl.ws_bytes;
     }
-    return 512; /* the pre-check reports why */
+    return 2048; /* the pre-check reports why */
 }
 static opgen_status_t h_k_rms_norm_backward_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     opgen_status_t st = OPGEN_ERR_INTERNAL;

@@ -38,7 +38,7 @@ typedef struct {
     int64_t partials0;
     int64_t ws_bytes;
 } k_rms_norm_backward_f16_tiling_t;
-static_assert(sizeof(k_rms_norm_backward_f16_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_rms_norm_backward_f16_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[2];
@@ -78,7 +78,7 @@ typedef struct {
     int64_t partials0;
     int64_t ws_bytes;
 } k_rms_norm_backward_f16_streamed_tiling_t;
-static_assert(sizeof(k_rms_norm_backward_f16_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_rms_norm_backward_f16_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[2];
@@ -112,7 +112,7 @@ typedef struct {
     int64_t partials0;
     int64_t ws_bytes;
 } k_rms_norm_backward_f32_tiling_t;
-static_assert(sizeof(k_rms_norm_backward_f32_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_rms_norm_backward_f32_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[2];
@@ -150,7 +150,7 @@ typedef struct {
     int64_t partials0;
     int64_t ws_bytes;
 } k_rms_norm_backward_f32_streamed_tiling_t;
-static_assert(sizeof(k_rms_norm_backward_f32_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_rms_norm_backward_f32_streamed_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[2];
@@ -187,7 +187,7 @@ typedef struct {
     int64_t partials0;
     int64_t ws_bytes;
 } k_rms_norm_backward_bf16_tiling_t;
-static_assert(sizeof(k_rms_norm_backward_bf16_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_rms_norm_backward_bf16_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[2];
@@ -227,6 +227,6 @@ typedef struct {
     int64_t partials0;
     int64_t ws_bytes;
 } k_rms_norm_backward_bf16_streamed_tiling_t;
-static_assert(sizeof(k_rms_norm_backward_bf16_streamed_tiling_t) <= 512, "tiling data too large");
+static_assert(sizeof(k_rms_norm_backward_bf16_streamed_tiling_t) <= 2048, "tiling data too large");
 
 #endif /* OPGEN_ASCENDC_RMS_NORM_BACKWARD_TILING_H */

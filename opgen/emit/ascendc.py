@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from xdsl.dialects.builtin import IntAttr
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 
 from opgen import dtypes
@@ -56,7 +57,15 @@ UNARY_VEC = {ir.ExpOp: "Exp", ir.LogOp: "Ln", ir.SqrtOp: "Sqrt", ir.RsqrtOp: "Rs
              ir.AbsOp: "Abs"}
 REDUCE_VEC = {"sum": "ReduceSum", "max": "ReduceMax", "min": "ReduceMin"}
 C_BINARY = {ir.AddOp: "+", ir.SubOp: "-", ir.MulOp: "*", ir.AndOp: "&&", ir.OrOp: "||"}
+#: the host tiling function's expressions of tile.platform queries
+PLATFORM = {"cores": "cores", "ub_bytes": "ub_bytes", "sys_ws_bytes": "opgen_ascendc_sys_ws_bytes()"}
+#: the Matmul API's names of the matrix unit's operand dtypes
+MM_DTYPE = {"f16": "DT_FLOAT16", "bf16": "DT_BF16", "f32": "DT_FLOAT"}
 C_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+def _cbool(a: IntAttr) -> str:
+    return "true" if a.data else "false"
 
 
 def index_dtypes() -> list[dict[str, object]]:
@@ -101,6 +110,8 @@ class AscendPrinter:
                                          if isinstance(op, t.SetParamOp)))  # (a later set overrides)
         names = [a.data for a in k.arg_names.data]
         self.args = [_Arg(n, a, pidx.get(n, -1)) for n, a in zip(names, k.body.block.args, strict=True)]
+        #: the kernel's products on the matrix unit, one Matmul object each (a MIX kernel)
+        self.matmuls = [op for op in k.body.block.walk() if isinstance(op, t.MatmulOp)]
 
     # ------------------------------------------------------------------ helpers
     def line(self, text: str) -> None:
@@ -156,10 +167,10 @@ class AscendPrinter:
             return f"tl.{op.param.data}"
         if isinstance(op, t.BlockIdxOp):
             return "(int64_t)GetBlockIdx()"
-        if isinstance(op, t.BlockNumOp):
-            return "(int64_t)GetBlockNum()"
+        if isinstance(op, t.BlockNumOp):  # (vector cores: two per AI core in a MIX kernel)
+            return "(int64_t)(GetBlockNum() * GetTaskRation())" if self.matmuls else "(int64_t)GetBlockNum()"
         if isinstance(op, t.PlatformOp):
-            return op.what.data
+            return PLATFORM[op.what.data]
         args = [self.name(o) for o in op.operands]
         rt = ir.tensor_type(op.results[0]).dtype
         if type(op) in C_BINARY:
@@ -192,9 +203,12 @@ class AscendPrinter:
     # ------------------------------------------------------------------ kernel
     def kernel(self) -> str:
         params = [f"GM_ADDR {cnames.local(a.name)}" for a in self.args if isinstance(a.value.type, t.GmType)]
-        head = [f'extern "C" __global__ __aicore__ void {self.inst}({", ".join(params)}, GM_ADDR tiling)', "{",
-                f"    {self.inst}_tiling_t tl;",
-                "    opgen_load_tiling(&tl, tiling, sizeof tl);"]
+        head = [f'extern "C" __global__ __aicore__ void {self.inst}({", ".join(params)}, GM_ADDR tiling)', "{"]
+        if self.matmuls:  # a MIX kernel: the vector cores issue the products to their cube core
+            ws = cnames.local("workspace")
+            head += ["    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);", f"    SetSysWorkspace({ws});",
+                     f"    GM_ADDR usr = GetUserWorkspace({ws});"]
+        head += [f"    {self.inst}_tiling_t tl;", "    opgen_load_tiling(&tl, tiling, sizeof tl);"]
         for d, i in ((d, i) for i, d in enumerate(self.dims)):
             head.append(f"    const int64_t d_{d} = tl.dims[{i}]; (void)d_{d};")
         for a in self.args:
@@ -215,6 +229,15 @@ class AscendPrinter:
                 st = SCALAR_CTYPE[ir.tensor_type(a.value).dtype]
                 head.append(f"    const {st} {n} = tl.{cnames.local(a.name)}; (void){n};")
         head.append("    TPipe pipe;")
+        mms = list(dict.fromkeys(op.sym.data for op in self.matmuls))
+        for op in {op.sym.data: op for op in self.matmuls}.values():
+            a, b, c = (self.ctype(t.gm_type(x).dtype) for x in (op.a, op.b, op.c))
+            gm = "MatmulType<TPosition::GM, CubeFormat::ND, "
+            head.append(f"    Matmul<{gm}{a}, {_cbool(op.trans_a)}>, {gm}{b}, {_cbool(op.trans_b)}>, {gm}{c}>, "
+                        f"{gm}{c}>> {op.sym.data};")
+        if mms:  # (before any InitBuffer, as the API requires)
+            objs = ", ".join(f"{m}, &tl.{m}" for m in mms)
+            head.append(f"    REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), {objs});")
         for sym, b in self.buffers.items():
             ct = self.ctype(b.attributes["elem"].data)  # type: ignore[attr-defined]
             kind = b.kind.data
@@ -231,6 +254,8 @@ class AscendPrinter:
         self.lines = []
         self.depth = 1
         self.walk(self.k.body.block)
+        for m in mms:
+            self.line(f"{m}.End();")
         return "\n".join([*head, *self.lines, "}"]) + "\n"
 
     def walk(self, block: Block) -> None:
@@ -273,10 +298,11 @@ class AscendPrinter:
             assert isinstance(gm, t.GmType)
             ct = self.ctype(gm.dtype)
             n = self.fresh("w")
-            count = " * ".join(f"(uint64_t)tl.{d}" if d in self.params else f"(uint64_t)d_{d}" for d in gm.shape)
+            count = " * ".join(f"(uint64_t)tl.{d}" if d in self.params else f"(uint64_t){d}" if d.isdigit()
+                               else f"(uint64_t)d_{d}" for d in gm.shape)
             self.line(f"GlobalTensor<{ct}> {n};")
-            self.line(f"{n}.SetGlobalBuffer((__gm__ {ct} *)({self.name(self.k.body.block.args[-1])} + "
-                      f"tl.{op.offset.data}), {count});")
+            base = "usr" if self.matmuls else self.name(self.k.body.block.args[-1])
+            self.line(f"{n}.SetGlobalBuffer((__gm__ {ct} *)({base} + tl.{op.offset.data}), {count});")
             self.names[op.result] = n
         elif isinstance(op, t.CopyInOp):
             self.copy_in(op)
@@ -287,6 +313,10 @@ class AscendPrinter:
             self.line(f"q_{sym}.FreeTensor({self.name(op.value)});")
         elif isinstance(op, t.SyncAllOp):
             self.line("SyncAll();")
+        elif isinstance(op, t.FenceOp):
+            self.line("PipeBarrier<PIPE_ALL>();")
+        elif isinstance(op, t.MatmulOp):
+            self.matmul(op)
         elif isinstance(op, t.MoveOp):
             dst = self.target(op.result)
             self.line(f"DataCopy({dst}, {self.name(op.x)}, {self.copy_count(op.result)});")
@@ -325,6 +355,58 @@ class AscendPrinter:
         self.line(f"for (int64_t {iv} = {lo}; {iv} < {hi}; {iv} += {step}) {{")
         self.depth += 1
         self.walk(op.body.block)
+        self.depth -= 1
+        self.line("}")
+
+    # ------------------------------------------------------------------ the matrix unit
+    def org_shape(self, op: t.MatmulOp, m: str, n: str, k: str, host: bool = False) -> str:
+        """``orgM, orgN, orgKa, orgKb`` of a product: the operands' leading dims (their views' row
+        lengths) where they are stored, the product's extents elsewhere (on the host at least 1:
+        the tiling of a product nothing runs)."""
+        lda, ldb = (self._gm_row(t.gm_type(x)) for x in (op.a, op.b))
+        if host:
+            lda, ldb = (x if x.isdigit() else f"({x} > 0 ? {x} : 1)" for x in (lda, ldb))
+        org_m, org_ka = (lda, k) if op.trans_a.data else (m, lda)
+        org_n, org_kb = (n, ldb) if op.trans_b.data else (ldb, k)
+        return ", ".join(f"(int32_t)({x})" for x in (org_m, org_n, org_ka, org_kb))
+
+    def matmul(self, op: t.MatmulOp) -> None:
+        mm = op.sym.data
+        m, n, k = (self.name(x) for x in (op.m, op.n, op.k))
+        ldc = self._gm_row(t.gm_type(op.c))
+        self.line(f"{mm}.SetOrgShape({self.org_shape(op, m, n, k)}, (int32_t)({ldc}));")
+        self.line(f"{mm}.SetSingleShape((int32_t){m}, (int32_t){n}, (int32_t){k});")
+        self.line(f"{mm}.SetTensorA({self.name(op.a)}[{self.name(op.a_off)}], {_cbool(op.trans_a)});")
+        self.line(f"{mm}.SetTensorB({self.name(op.b)}[{self.name(op.b_off)}], {_cbool(op.trans_b)});")
+        self.line(f"{mm}.IterateAll({self.name(op.c)}[{self.name(op.c_off)}]);")
+
+    def host_matmul(self, op: t.MatmulOp) -> None:
+        """The Matmul API's tiling of one product (host side), for its largest extents."""
+        def ext(x: str) -> str:
+            return x if x.isdigit() else f"(d_{x} > 0 ? d_{x} : 1)"
+
+        bm, bn, bk = (ext(x.data) for x in op.bounds.data)
+        op_name = self.k.sym_name.data.split(".")[0]
+        sizes = [d for d in [*(x.data for x in op.bounds.data),
+                             *(t.gm_type(v).shape[-1] for v in (op.a, op.b, op.c))] if not d.isdigit()]
+        for d in dict.fromkeys(sizes):
+            self.line(f"if (d_{d} > INT32_MAX) return opgen_fail(OPGEN_ERR_SHAPE, "
+                      f'"{op_name}: {d} exceeds the Matmul API\'s int32 sizes");')
+        ty = "matmul_tiling::TPosition::GM, matmul_tiling::CubeFormat::ND, matmul_tiling::DataType::"
+        a, b, c = (MM_DTYPE[t.gm_type(x).dtype] for x in (op.a, op.b, op.c))
+        self.line("{")
+        self.depth += 1
+        self.line("matmul_tiling::MatmulApiTiling mt(*platform_ascendc::PlatformAscendCManager::GetInstance());")
+        self.line(f"mt.SetAType({ty}{a}, {_cbool(op.trans_a)});")
+        self.line(f"mt.SetBType({ty}{b}, {_cbool(op.trans_b)});")
+        self.line(f"mt.SetCType({ty}{c});")
+        self.line(f"mt.SetBiasType({ty}{c});")
+        self.line(f"mt.SetShape((int32_t)({bm}), (int32_t)({bn}), (int32_t)({bk}));")
+        self.line(f"mt.SetOrgShape({self.org_shape(op, bm, bn, bk, host=True)});")
+        self.line("mt.SetBias(false);")
+        self.line("mt.SetBufferSpace(-1, -1, -1);")
+        self.line(f"if (mt.GetTiling(tl->{op.sym.data}) == -1) return opgen_fail(OPGEN_ERR_INTERNAL, "
+                  f'"{op_name}: the Matmul API found no tiling for {op.sym.data}");')
         self.depth -= 1
         self.line("}")
 
@@ -570,6 +652,7 @@ class AscendPrinter:
                 st = SCALAR_CTYPE[ir.tensor_type(a.value).dtype]
                 fields.append(f"    {st} {cnames.local(a.name)};")
         fields += [f"    int64_t {p};" for p in self.params]
+        fields += [f"    TCubeTiling {m};" for m in dict.fromkeys(op.sym.data for op in self.matmuls)]
         return ("typedef struct {\n" + "\n".join(fields) + f"\n}} {self.inst}_tiling_t;\n"
                 f"static_assert(sizeof({self.inst}_tiling_t) <= {TILING_BYTES}, \"tiling data too large\");\n")
 
@@ -597,12 +680,14 @@ class AscendPrinter:
                 self._host_check(op, status="shape")
             else:
                 self.define(op.results[0], self.scalar_expr(op, host=True))
+        for op in {op.sym.data: op for op in self.matmuls}.values():
+            self.host_matmul(op)
         body = self.lines
         self.lines, self.depth, self.names = saved
         head = (f"static opgen_status_t {self.inst}_tiling(const int64_t *dims, const opgen_scalar_t *sc, "
                 f"int64_t cores, int64_t ub_bytes, {self.inst}_tiling_t *tl) {{")
         tail = ["    (void)dims; (void)sc; (void)cores; (void)ub_bytes;", "    return OPGEN_SUCCESS;", "}"]
-        return "\n".join([head, "    memset(tl, 0, sizeof *tl);", *body, *tail]) + "\n"
+        return "\n".join([head, "    *tl = {};", *body, *tail]) + "\n"
 
     def _host_check(self, op: ir.CheckOp, status: str | None = None) -> None:
         needed: list[Operation] = []
@@ -635,13 +720,15 @@ class AscendPrinter:
         for a in self.args:
             if isinstance(a.value.type, t.GmType):
                 ptrs.append("ws" if a.name == "workspace" else f"bufs[{a.index}].data")
+        # the tiling data sits at the start of the kernel's own workspace (after the Matmul API's)
+        at = "ws + tl->sys_ws" if self.matmuls else "ws"
         return "\n".join([
             f"static opgen_status_t {self.inst}_launch(const opgen_buf_t *bufs, const {self.inst}_tiling_t *tl, "
             "char *ws, void *stream) {",
-            "    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)",
+            f"    if (aclrtMemcpy({at}, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)",
             f'        return opgen_fail(OPGEN_ERR_INTERNAL, "{self.inst}: cannot copy the tiling data");',
             f"    ACLRT_LAUNCH_KERNEL({self.inst})((uint32_t)tl->block_dim, (aclrtStream)stream, "
-            f"{', '.join([*ptrs, 'ws'])});",
+            f"{', '.join([*ptrs, at])});",
             f'    return opgen_ascendc_launched("{self.inst}");',
             "}",
         ]) + "\n"
@@ -791,6 +878,11 @@ def op_sources(o: OpDef) -> dict[str, str]:
             '#include "opgen_ascendc_kernel.h"', f'#include "{o.name}_tiling.h"', "", "using namespace AscendC;", ""]
     host = [f"/* {o.name}: host tiling and launchers of the Ascend C kernels, {where} */",
             '#include "opgen_ascendc_rt.h"', f'#include "{o.name}_tiling.h"']
+    if any(isinstance(op, t.MatmulOp) for kl in ks.values() for k in kl for op in k.body.block.walk()):
+        tiling.insert(-1, '#include "kernel_tiling/kernel_tiling.h"')
+        kern[2:2] = ['#include "lib/matmul_intf.h"']
+        kern.insert(-1, "using namespace matmul;")
+        host += ['#include "tiling/tiling_api.h"', '#include "tiling/platform/platform_ascendc.h"']
     host_body: list[str] = []
     inst: dict[tuple[str, ...], list[cpu.Instance]] = {}
     wrappers: set[str] = set()

@@ -21,8 +21,8 @@ from opgen.lower.sched import Sched
 from opgen.lower.to_loops import LowerToLoops
 from opgen.tile.buffers import PlanBuffers
 from opgen.tile.dialect import Tile
-from opgen.tile.lower import LowerToTiles
 from opgen.tile.sizes import PlanWorkspace, SizeTiles, SplitCores
+from opgen.tile.to_tiles import LowerToTiles
 
 #: Tensor-level (L0) clean-up shared by every target.
 L0: list[ModulePass] = [CanonicalizePass(), CommonSubexpressionElimination(), DeadCodeElimination()]

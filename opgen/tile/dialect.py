@@ -53,6 +53,9 @@ from opgen.ir.dialect import ShapedType, TensorType, tensor_type
 from opgen.lower.sched import kernel_parts
 
 INDEX = TensorType.make([], "i64")
+#: what ``tile.platform`` may ask: vector cores, unified-buffer bytes per vector core, and the bytes
+#: of system workspace the matrix unit's library needs before a kernel's own
+PLATFORM_QUERIES = ("cores", "ub_bytes", "sys_ws_bytes")
 
 
 class MemSpace(StrEnum):
@@ -167,8 +170,8 @@ class PlatformOp(IRDLOperation):
         super().__init__(properties={"what": StringAttr(what)}, result_types=[INDEX])
 
     def verify_(self) -> None:
-        if self.what.data not in ("cores", "ub_bytes"):
-            raise VerifyException("tile.platform: 'cores' or 'ub_bytes'")
+        if self.what.data not in PLATFORM_QUERIES:
+            raise VerifyException(f"tile.platform: one of {', '.join(PLATFORM_QUERIES)}")
 
 
 @irdl_op_definition
@@ -271,6 +274,17 @@ class SyncAllOp(IRDLOperation):
     every core reads after it)."""
 
     name = "tile.sync_all"
+
+    def __init__(self) -> None:
+        super().__init__()
+
+
+@irdl_op_definition
+class FenceOp(IRDLOperation):
+    """The core's copies to global memory are complete before its later reads of it (by its copy
+    engine or its matrix unit): a barrier across the core's own pipes."""
+
+    name = "tile.fence"
 
     def __init__(self) -> None:
         super().__init__()
@@ -464,6 +478,48 @@ class AddRowOp(IRDLOperation):
             raise VerifyException("tile.add_row: a [1, c] row of the accumulator's dtype")
 
 
+@irdl_op_definition
+class MatmulOp(IRDLOperation):
+    """``c[c_off + i * ldc + j] = sum_k opA(i, k) * opB(k, j)`` for ``i < m, j < n, k < k``: a
+    product on the core's matrix unit (Ascend's cube through its Matmul API), global memory to
+    global memory, the sum in f32 in a fixed order. ``opA(i, k)`` is ``a[a_off + i * lda + k]``,
+    or ``a[a_off + k * lda + i]`` with ``trans_a``; ``opB(k, j)`` is ``b[b_off + k * ldb + j]``, or
+    ``b[b_off + j * ldb + k]`` with ``trans_b``; each leading dim is its view's row length.
+    ``bounds`` name the largest ``m, n, k`` (a dim, a tiling parameter or a number): the host sizes
+    the unit's buffers for them. ``sym`` names the matrix-unit object and its tiling data."""
+
+    name = "tile.matmul"
+    a = operand_def(GmType)
+    a_off = operand_def(TensorType)
+    b = operand_def(GmType)
+    b_off = operand_def(TensorType)
+    c = operand_def(GmType)
+    c_off = operand_def(TensorType)
+    m = operand_def(TensorType)
+    n = operand_def(TensorType)
+    k = operand_def(TensorType)
+    trans_a = prop_def(IntAttr)
+    trans_b = prop_def(IntAttr)
+    bounds = prop_def(ArrayAttr[StringAttr])
+    sym = prop_def(StringAttr)
+
+    def __init__(self, sym: str, a: SSAValue, a_off: SSAValue, trans_a: bool, b: SSAValue, b_off: SSAValue,
+                 trans_b: bool, c: SSAValue, c_off: SSAValue, mnk: Sequence[SSAValue], bounds: Sequence[str]):
+        super().__init__(operands=[a, a_off, b, b_off, c, c_off, *mnk],
+                         properties={"trans_a": IntAttr(int(trans_a)), "trans_b": IntAttr(int(trans_b)),
+                                     "bounds": ArrayAttr([StringAttr(x) for x in bounds]), "sym": StringAttr(sym)})
+
+    def verify_(self) -> None:
+        _index(self, self.a_off, self.b_off, self.c_off, self.m, self.n, self.k)
+        a, b, c = gm_type(self.a), gm_type(self.b), gm_type(self.c)
+        if a.dtype != b.dtype or a.dtype not in ("f16", "bf16", "f32"):
+            raise VerifyException("tile.matmul: a and b of one float dtype (f16, bf16 or f32)")
+        if c.dtype != "f32":
+            raise VerifyException("tile.matmul: the product is f32")
+        if len(self.bounds.data) != 3:
+            raise VerifyException("tile.matmul: bounds of m, n and k")
+
+
 # ------------------------------------------------------------------------------ buffers (plan-buffers)
 
 
@@ -514,6 +570,6 @@ class ReleaseOp(IRDLOperation):
 
 
 Tile = Dialect("tile", [KernelOp, TilingOp, PlatformOp, SetParamOp, ParamOp, BlockIdxOp, BlockNumOp, ForOp, YieldOp,
-                        SyncAllOp, WorkspaceOp, CopyInOp, CopyOutOp, ReduceOp, SegmentsOp, SegStartOp, SegAtOp,
-                        AddRowOp, BufferOp, MoveOp, ReleaseOp],
+                        SyncAllOp, FenceOp, WorkspaceOp, CopyInOp, CopyOutOp, ReduceOp, SegmentsOp, SegStartOp, SegAtOp,
+                        AddRowOp, MatmulOp, BufferOp, MoveOp, ReleaseOp],
                    [MemSpaceAttr, BufferKindAttr, GmType, SegmentsType])

@@ -24,10 +24,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from xdsl.context import Context
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, ModuleOp, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, StringAttr
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
-from xdsl.passes import ModulePass
 
 from opgen import dtypes
 from opgen.ir import dialect as ir
@@ -608,29 +606,3 @@ class TileLowering(ScatterWalk):
 def lower_func(func: ir.FuncOp, binding: dict[str, dtypes.DType], streamed: bool = False,
                part: int = 0) -> t.KernelOp:
     return TileLowering(func, binding, streamed, part).run()
-
-
-def parts(func: ir.FuncOp) -> int:
-    """How many row groups (kernels run one after the other) the function's outputs need."""
-    try:
-        return len(RowGroupLowering(func, set(func.aliased_outputs)).plan())
-    except NotFusable:
-        return 1  # (lowering it reports why)
-
-
-class LowerToTiles(ModulePass):
-    """Replace every ``opgen.func`` with a ``tile.kernel`` (see the module docstring)."""
-
-    name = "lower-to-tiles"
-
-    def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for f in list(op.body.block.ops):
-            if isinstance(f, ir.FuncOp):
-                for b in npu_bindings(f):  # per dtype binding (per compute type) and row group:
-                    for part in range(parts(f)):  # whole rows, or rows in column tiles
-                        op.body.block.insert_op_before(lower_func(f, b, part=part), f)
-                        try:
-                            op.body.block.insert_op_before(lower_func(f, b, streamed=True, part=part), f)
-                        except TileUnsupported:
-                            pass  # (rows of one element always fit)
-                op.body.block.erase_op(f)

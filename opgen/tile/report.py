@@ -3,7 +3,9 @@ host would compute, on-chip bytes used of the capacity, global-memory bytes move
 fewest the op must move (each input read once, each output written once), and cores used.
 
 It interprets the ``tile.tiling`` region and walks the kernel's loops with the concrete sizes,
-summing the bytes of every ``tile.copy_in`` / ``tile.copy_out`` over all cores. A scatter-add's
+summing the bytes of every ``tile.copy_in`` / ``tile.copy_out`` over all cores, and for a
+``tile.matmul`` its operands read once and its f32 product written once (the cube's own re-reads
+when an operand exceeds its L1 are not counted). A scatter-add's
 segments assume indices spread evenly over the table rows, and count each scan of the (int32)
 indices: one to count, one per window of positions (opgen/tile/scatter.py). The index
 conversion before the kernels (reading each index once, writing it as int32) is not counted.
@@ -44,13 +46,13 @@ class _Eval:
             d = op.dim.data
             return int(d) if d.isdigit() else self.dims[d]
         if isinstance(op, t.PlatformOp):
-            return self.platform[op.what.data]
+            return self.platform.get(op.what.data, PLATFORM_DEFAULTS.get(op.what.data, 0))
         if isinstance(op, t.ParamOp):
             return self.params[op.param.data]
         if isinstance(op, t.BlockIdxOp):
             return self.core
         if isinstance(op, t.BlockNumOp):
-            return self.params["block_dim"]
+            return self.params["block_dim"] * self.ratio
         if isinstance(op, t.SegStartOp):
             b0, _, n, rows = self.env[op.segs]  # type: ignore[misc]
             r = int(self.val(op.row))
@@ -87,6 +89,11 @@ class _Eval:
         raise NotImplementedError(op.name)
 
     core = 0
+    ratio = 1  # vector cores per launched block (2 in a MIX kernel of the matrix unit)
+
+
+#: platform values a report assumes unless given (the Matmul API's system workspace on 910B)
+PLATFORM_DEFAULTS = {"sys_ws_bytes": 16 << 20}
 
 
 def tiling(k: t.KernelOp, dims: dict[str, int], platform: dict[str, int]) -> tuple[dict[str, int], str | None]:
@@ -140,7 +147,8 @@ def report(k: t.KernelOp, dims: dict[str, int], platform: dict[str, int], traffi
             nb = op.depth.data if op.kind.data == t.BufferKind.CALC else min(op.depth.data, params["nbuf"])
             r.buffers[op.sym.data] = nb * params[op.bytes.data]
     r.ub_used = sum(r.buffers.values())
-    r.cores = params["block_dim"]
+    ratio = 2 if any(isinstance(op, t.MatmulOp) for op in k.body.block.walk()) else 1
+    r.cores = params["block_dim"] * ratio  # vector cores
     names = [a.data for a in k.arg_names.data]
     outs = set()
     for op in k.body.block.walk():
@@ -149,12 +157,13 @@ def report(k: t.KernelOp, dims: dict[str, int], platform: dict[str, int], traffi
     for n, a in zip(names, k.body.block.args, strict=True):
         if isinstance(a.type, t.GmType) and n != "workspace" and a.uses:
             ways = {type(u.operation) for u in a.uses} & {t.CopyInOp, t.CopyOutOp, t.SegmentsOp}
+            ways = {t.CopyInOp if w is t.MatmulOp else w for w in ways}  # (a product reads it)
             r.gm_min += _gm_bytes(a, dims) * max(len(ways - {t.SegmentsOp}) or 1, 1)  # read once / written once
     moved = 0
     plans: _Plans = {}
     for core in range(r.cores if traffic else 0):
         e = _Eval(dims, platform, params)
-        e.core = core
+        e.core, e.ratio = core, ratio
         moved += _walk(k.body.block, e, plans)
     r.gm_moved = moved
     return r
@@ -175,6 +184,8 @@ def _plan(block: Block, plans: _Plans) -> list[tuple[str, Operation, list[SSAVal
                 steps.append(("segs", op, []))
             elif isinstance(op, t.CopyInOp | t.CopyOutOp):
                 steps.append(("copy", op, []))
+            elif isinstance(op, t.MatmulOp):
+                steps.append(("mm", op, []))
         plans[block] = steps
     return plans[block]
 
@@ -200,6 +211,10 @@ def _walk(block: Block, e: _Eval, plans: _Plans) -> int:
             win = e.params["seg_window"]
             fills = -(-count // win) * (e.params.get("chunks", 1) if count > win else 1)
             moved += 4 * n * (1 + fills)
+        elif kind == "mm":  # the cube reads each operand once and writes the f32 product
+            assert isinstance(op, t.MatmulOp)
+            m, n, kk = (int(e.val(x)) for x in (op.m, op.n, op.k))
+            moved += (m * kk + kk * n) * dtypes.by_name(t.gm_type(op.a).dtype).itemsize + 4 * m * n
         else:
             tt = ir.tensor_type(op.result if isinstance(op, t.CopyInOp) else op.value)  # type: ignore[attr-defined]
             moved += int(e.val(op.nrows)) * int(e.val(op.ncols)) * dtypes.by_name(tt.dtype).itemsize  # type: ignore[attr-defined]
@@ -244,7 +259,9 @@ def format_report(rs: list[Report]) -> str:
         if r.failed:
             lines.append(f"| {r.kernel} | refused: {r.failed} | - | - | - |")
             continue
-        til = f"rows={r.params['rows']} pitch={r.params['pitch']} nbuf={r.params['nbuf']} tiles={r.params['tiles']}"
+        walk = f"tiles={r.params['tiles']}" if "tiles" in r.params else \
+            f"blocks={r.params['blocks']}x{r.params['xblocks']}"
+        til = f"rows={r.params['rows']} pitch={r.params['pitch']} nbuf={r.params['nbuf']} {walk}"
         lines.append(f"| {r.kernel} | {til} | {r.ub_used} / {r.ub_capacity} ({100 * r.ub_used / r.ub_capacity:.0f}%) | "
                      f"{r.gm_moved} / {r.gm_min} ({r.traffic_ratio:.2f}x) | {r.cores} |")
     return "\n".join(lines)

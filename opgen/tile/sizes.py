@@ -30,7 +30,7 @@ from opgen.ir import dialect as ir
 from opgen.tile import dialect as t
 
 #: bytes the tiling data may take at the start of the workspace
-TILING_BYTES = 512
+TILING_BYTES = 2048
 #: buffer layouts of tile.segments (plan-buffers)
 SEG_LAYOUTS = ("segrows", "segwin", "segchunk")
 #: the alignment of on-chip tiles and copies (bytes)
@@ -46,6 +46,8 @@ GROUP_ROWS = 64
 SEG_ROWS = 2048
 SEG_WINDOW = 2048
 SEG_SCAN = 1024
+#: rows and columns of a matmul chain's blocks (opgen/tile/chain.py)
+CHAIN_BLOCK = 128
 
 
 class _Builder:
@@ -107,10 +109,12 @@ def _kernel_parts(k: t.KernelOp) -> tuple[t.TilingOp, list[t.BufferOp]]:
 def _rows_dim(k: t.KernelOp) -> str | None:
     """The dim the row tiles walk (the rows of the first copy-in with a tile of R rows)."""
     for op in k.body.block.walk():
-        if isinstance(op, t.CopyInOp) and ir.tensor_type(op.result).shape[0] != "1":
+        if (isinstance(op, t.CopyInOp) and ir.tensor_type(op.result).shape[0] != "1"
+                and not isinstance(op.src.owner, t.WorkspaceOp)):
             return t.gm_type(op.src).shape[0]
     for op in k.body.block.walk():
-        if isinstance(op, t.CopyOutOp) and ir.tensor_type(op.value).shape[0] != "1":
+        if (isinstance(op, t.CopyOutOp) and ir.tensor_type(op.value).shape[0] != "1"
+                and not isinstance(op.dst.owner, t.WorkspaceOp)):
             return t.gm_type(op.dst).shape[0]
     return None
 
@@ -151,6 +155,8 @@ class SizeTiles(ModulePass):
         cols = b.dim(_cols_dim(k))
         sizes = [_itemsize(x) for x in bufs if x.attributes["layout"].data in ("tile", "row")]  # type: ignore[attr-defined]
         align = ALIGN // min(sizes, default=ALIGN)
+        if k.attributes.get("schedule") == StringAttr("chain"):  # tiles of a block's columns
+            cols = b.c(CHAIN_BLOCK)
         pitch = b.set("pitch", b.select(b.add(ir.CmpOp("gt", cols, b.c(0))), b.round_up(cols, align), b.c(align)))
 
         def cost(depth_q: int) -> tuple[SSAValue, SSAValue, SSAValue]:
@@ -184,6 +190,9 @@ class SizeTiles(ModulePass):
             safe = b.add(ir.MaxOp(per_row, b.c(1)))
             return b.select(fits, b.bin(ir.DivOp, room, safe), b.c(0))
 
+        if k.attributes.get("schedule") == StringAttr("chain"):
+            SizeTiles.size_chain(k, b, bufs, ub, cost)
+            return
         seg_rows = SizeTiles.size_segments(k, b, bufs, n, cols, cores)
         c2, c1 = cost(2), cost(1)
         if k.attributes.get("schedule") == StringAttr("streamed"):
@@ -227,6 +236,42 @@ class SizeTiles(ModulePass):
                 nbytes = b.bin(ir.MulOp, width, b.c(sz))
             elif lay in SEG_LAYOUTS:
                 continue  # (size_segments)
+            else:
+                nbytes = b.c(ALIGN)
+            b.set(x.bytes.data, nbytes)
+
+    @staticmethod
+    def size_chain(k: t.KernelOp, b: _Builder, bufs: list[t.BufferOp], ub: SSAValue, cost: object) -> None:
+        """A matmul chain (opgen/tile/chain.py): tiles of one block's ``CHAIN_BLOCK`` columns, as
+        many rows (at most a block) as fit; ``blocks`` of the rows the pass owns (none when its
+        outputs are empty) and ``xblocks`` of the other dim."""
+        costs = [cost(2), cost(1)]  # type: ignore[operator]
+        fit = []
+        for per_row, fixed, _ in costs:
+            room = b.bin(ir.SubOp, ub, fixed)
+            fit.append(b.select(b.add(ir.CmpOp("gt", room, b.c(0))), b.bin(ir.DivOp, room, per_row), b.c(0)))
+        two = b.add(ir.CmpOp("ge", fit[0], b.c(1)))
+        b.set("nbuf", b.select(two, b.c(2), b.c(1)))
+        rows = b.select(two, fit[0], fit[1])
+        b.check(b.add(ir.CmpOp("ge", rows, b.c(1))), "one tile row of a matmul chain does not fit the unified buffer")
+        rows = b.set("rows", b.add(ir.MinOp(rows, b.c(CHAIN_BLOCK))))
+        own, oth, *widths = (b.dim(x.data) for x in k.attributes["blocks"].data)  # type: ignore[attr-defined]
+        empty = b.add(ir.CmpOp("eq", own, b.c(0)))
+        for w in widths:
+            empty = b.add(ir.OrOp(empty, b.add(ir.CmpOp("eq", w, b.c(0)))))
+        b.set("blocks", b.select(empty, b.c(0), b.cdiv(own, b.c(CHAIN_BLOCK))))
+        b.set("xblocks", b.cdiv(oth, b.c(CHAIN_BLOCK)))
+        b.set("groups", b.params["blocks"])
+        b.set("col_chunk", b.c(CHAIN_BLOCK))
+        pitch = b.params["pitch"]
+        for x in bufs:
+            lay, sz = x.attributes["layout"].data, _itemsize(x)  # type: ignore[attr-defined]
+            if lay == "tile":
+                nbytes = b.bin(ir.MulOp, b.bin(ir.MulOp, rows, pitch), b.c(sz))
+            elif lay == "vec":
+                nbytes = b.round_up(b.bin(ir.MulOp, rows, b.c(sz)), ALIGN)
+            elif lay == "row":
+                nbytes = b.bin(ir.MulOp, pitch, b.c(sz))
             else:
                 nbytes = b.c(ALIGN)
             b.set(x.bytes.data, nbytes)
@@ -318,6 +363,14 @@ class SplitCores(ModulePass):
                 cores = b.platform("cores")
                 cols = b.dim(_cols_dim(k))
                 chunks = b.set("col_chunks", b.cdiv(cols, b.params["col_chunk"]))
+                if any(isinstance(x, t.MatmulOp) for x in k.body.block.walk()):
+                    # a kernel of the matrix unit: launched on AI cores of one cube and two vector
+                    # cores each; every vector core owns one block of rows of the workspace
+                    aic = b.cdiv(cores, b.c(2))
+                    dim = b.set("block_dim", b.add(ir.MaxOp(b.add(ir.MinOp(aic, b.cdiv(b.params["blocks"], b.c(2)))),
+                                                            b.c(1))))
+                    b.set("ws_rows", b.bin(ir.MulOp, b.bin(ir.MulOp, dim, b.c(2)), b.c(CHAIN_BLOCK)))
+                    continue
                 combine = any(isinstance(x, t.SyncAllOp) for x in k.body.block.walk())  # a column-sum phase
                 work = b.add(ir.MaxOp(b.params["groups"], chunks)) if combine else b.params["groups"]
                 b.set("block_dim", b.add(ir.MaxOp(b.add(ir.MinOp(cores, work)), b.c(1))))
@@ -346,4 +399,8 @@ class PlanWorkspace(ModulePass):
                         count = b.bin(ir.MulOp, count, v)
                     b.set(w.offset.data, off)
                     off = b.bin(ir.AddOp, off, b.round_up(count, 64))
+                if any(isinstance(x, t.MatmulOp) for x in k.body.block.walk()):
+                    # the Matmul API's system workspace comes first; the kernel's own after it
+                    sys_ws = b.set("sys_ws", b.platform("sys_ws_bytes"))
+                    off = b.bin(ir.AddOp, off, sys_ws)
                 b.set("ws_bytes", off)

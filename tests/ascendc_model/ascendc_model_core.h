@@ -26,8 +26,14 @@ namespace ascend_model {
 
 /* One running block (a thread of a launch). The runtime owns it; kernel_operator.h reads it. */
 struct Block {
-    int64_t idx = 0;
-    int64_t num = 1;
+    int64_t idx = 0;   /* GetBlockIdx(): in [0, num * ration) */
+    int64_t num = 1;   /* GetBlockNum(): numBlocks of the launch (AI Core groups in a MIX launch) */
+    int64_t ration = 1; /* GetTaskRation(): 2 in a MIX launch (1 AIC : 2 AIV), else 1 */
+    bool mix = false;   /* launched as KERNEL_TYPE_MIX_AIC_1_2 (build.py saw the macro in the kernel body) */
+    int task_type = -1; /* the KERNEL_TASK_TYPE_DEFAULT value this block executed, -1: none */
+    bool sys_ws_set = false; /* SetSysWorkspace() called */
+    uint8_t *sys_ws = nullptr;
+    int mm_objs = 0; /* Matmul objects registered (REGIST_MATMUL_OBJ, rule 11: at most 4) */
     uint8_t *ub = nullptr; /* this block's private Unified Buffer arena */
     uint32_t ub_size = 0;
     void *launch = nullptr; /* runtime-private */
@@ -69,6 +75,14 @@ inline uint32_t ub_size() {
         fail(0, "model", "OPGEN_ASCEND_UB_SIZE=%llu must be a positive multiple of 32 up to 1 GiB", (unsigned long long)v);
     return (uint32_t)v;
 }
+
+/* Sizes of A2 (dav-2201) the model fixes (not parameters): the library API's system workspace
+ * (PlatformAscendC::GetLibApiWorkSpaceSize on 910B) and the cube unit's buffers. */
+constexpr uint32_t kLibApiWorkspace = 16u * 1024 * 1024;
+constexpr uint32_t kL1Size = 512u * 1024;
+constexpr uint32_t kL0ASize = 64u * 1024;
+constexpr uint32_t kL0BSize = 64u * 1024;
+constexpr uint32_t kL0CSize = 128u * 1024;
 
 /* ---- bfloat16: round-to-nearest-even from float, NaN kept (quiet, sign and top payload) ---- */
 inline uint16_t f32_to_bf16_bits(float f) {

@@ -30,8 +30,11 @@ aclrtStream ascendc_model_last_stream(void);
 
 #ifdef __cplusplus
 namespace ascend_model {
-/* Run `body(arg)` as each of `numBlocks` blocks (threads with private UB arenas). Returns 0. */
-uint32_t launch(uint32_t numBlocks, aclrtStream stream, void (*body)(void *), void *arg, const char *name);
+/* Run `body(arg)` as each of `numBlocks` blocks (threads with private UB arenas). Returns 0.
+ * `mix`: a KERNEL_TYPE_MIX_AIC_1_2 kernel: `numBlocks` AI Core groups of 1 AIC + 2 AIV; the model
+ * runs the 2 * numBlocks AIV blocks (GetBlockIdx() in [0, 2 * numBlocks), GetTaskRation() 2). */
+uint32_t launch(uint32_t numBlocks, aclrtStream stream, void (*body)(void *), void *arg, const char *name,
+                bool mix = false);
 }  // namespace ascend_model
 #endif
 

@@ -1,5 +1,5 @@
 /* ascendc_model_runtime.cpp — the runtime of opgen's Ascend C CPU model: launches (blocks as
- * threads, each with a private UB arena), SyncAll, the GM atomic lock and error reporting.
+ * threads, each with a private UB arena; MIX launches run 2 AIV blocks per numBlocks), SyncAll, the GM atomic lock and error reporting.
  * build.py compiles it into every library built against the model. */
 #include <algorithm>
 #include <atomic>
@@ -20,9 +20,12 @@ namespace {
 
 struct Launch {
     const char *name = "";
-    uint32_t num = 0;
-    uint32_t cores = 0;
-    bool resident = false; /* every block runs at once (numBlocks <= AIV cores) */
+    uint32_t num = 0;    /* blocks (threads): numBlocks, or 2 * numBlocks AIV blocks in a MIX launch */
+    uint32_t blocks = 0; /* numBlocks as launched */
+    uint32_t ration = 1; /* AIV blocks per numBlocks unit: 2 in a MIX launch */
+    uint32_t cores = 0;  /* AIV cores, or AIC cores (AI Core groups) in a MIX launch */
+    bool mix = false;
+    bool resident = false; /* every block runs at once (numBlocks <= cores) */
     std::mutex m;
     std::condition_variable cv;
     uint32_t arrived = 0; /* blocks waiting in the current SyncAll */
@@ -46,7 +49,7 @@ void fail(int rule, const char *name, const char *fmt, ...) {
     char where[256] = "";
     if (t_block)
         snprintf(where, sizeof where, " [block %lld/%lld of kernel %s]", (long long)t_block->idx,
-                 (long long)t_block->num, static_cast<Launch *>(t_block->launch)->name);
+                 (long long)(t_block->num * t_block->ration), static_cast<Launch *>(t_block->launch)->name);
     g_fail.lock();
     fprintf(stderr, "ascend-model: rule %d (%s): %s%s\n", rule, name, msg, where);
     fflush(stderr);
@@ -68,9 +71,9 @@ void sync_all() {
     Launch *L = static_cast<Launch *>(b->launch);
     if (!L->resident)
         fail(10, "blocks",
-             "SyncAll with numBlocks %u > %u AIV cores: the blocks run in several waves on hardware and SyncAll never "
+             "SyncAll with numBlocks %u > %u %s: the blocks run in several waves on hardware and SyncAll never "
              "returns",
-             L->num, L->cores);
+             L->blocks, L->cores, L->mix ? "AIC cores (MIX launch: numBlocks counts 1 AIC + 2 AIV groups)" : "AIV cores");
     std::unique_lock<std::mutex> lk(L->m);
     if (L->exited)
         fail(10, "blocks", "SyncAll: %u block(s) already returned without reaching it (on hardware: a hang)",
@@ -95,7 +98,9 @@ void run_block(Launch &L, uint32_t idx, uint8_t *ub, uint32_t ub_bytes, void (*b
     memset(ub, 0xFF, ub_bytes);
     Block blk;
     blk.idx = idx;
-    blk.num = L.num;
+    blk.num = L.blocks;
+    blk.ration = L.ration;
+    blk.mix = L.mix;
     blk.ub = ub;
     blk.ub_size = ub_bytes;
     blk.launch = &L;
@@ -109,23 +114,29 @@ void run_block(Launch &L, uint32_t idx, uint8_t *ub, uint32_t ub_bytes, void (*b
 
 }  // namespace
 
-uint32_t launch(uint32_t numBlocks, aclrtStream stream, void (*body)(void *), void *arg, const char *name) {
+uint32_t launch(uint32_t numBlocks, aclrtStream stream, void (*body)(void *), void *arg, const char *name,
+                bool mix) {
     if (t_block) fail(0, "model", "kernel %s launched from inside a kernel", name);
     g_last_stream.store(stream);
     if (numBlocks == 0 || numBlocks > 65535)
         fail(10, "blocks", "launch of kernel %s with numBlocks %u (must be in [1, 65535])", name, numBlocks);
     Launch L;
     L.name = name;
-    L.num = numBlocks;
-    L.cores = aiv_cores();
+    L.mix = mix;
+    L.blocks = numBlocks;
+    L.ration = mix ? 2 : 1;
+    L.num = numBlocks * L.ration;
+    /* a MIX launch occupies numBlocks AI Core groups (1 AIC + 2 AIV each): AIC cores = AIV / 2 */
+    L.cores = mix ? (aiv_cores() + 1) / 2 : aiv_cores();
     L.resident = numBlocks <= L.cores;
     const uint32_t ub_bytes = ub_size();
-    const uint32_t workers = std::min(numBlocks, L.cores);
+    const uint32_t workers = std::min(L.num, L.cores * L.ration);
+    const uint32_t total = L.num;
     std::atomic<uint32_t> next{0};
     auto worker = [&] {
         uint8_t *ub = static_cast<uint8_t *>(aligned_alloc(64, ub_bytes));
         if (!ub) fail(0, "model", "out of host memory for a %u-B UB arena", ub_bytes);
-        for (uint32_t i; (i = next.fetch_add(1)) < numBlocks;) run_block(L, i, ub, ub_bytes, body, arg);
+        for (uint32_t i; (i = next.fetch_add(1)) < total;) run_block(L, i, ub, ub_bytes, body, arg);
         free(ub);
     };
     std::vector<std::thread> threads;

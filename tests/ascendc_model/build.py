@@ -8,7 +8,9 @@
   ``extern "C" uint32_t aclrtlaunch_k(uint32_t numBlocks, aclrtStream stream, void *gm_arg, ..., scalars...)``
   (``ACLRT_LAUNCH_KERNEL(k)(numBlocks, stream, args...)`` expands to that call), and
 * ``out_dir/gen/src/aclrtlaunch_<source>.cpp`` defining it: the launch runs ``k`` on ``numBlocks``
-  block-threads of the model.
+  block-threads of the model — or, for a kernel whose body declares
+  ``KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2)``, on ``2 * numBlocks`` AIV blocks (MIX launch:
+  ``numBlocks`` counts groups of 1 AIC + 2 AIV).
 
 Then it compiles every source, the stubs and the model's runtime (each object cached by content, flags
 and headers, as tests/cuda_emu/emu_build.py does) and links ``out_dir/<lib_name>``. Kernel and host
@@ -71,6 +73,7 @@ class Param:
 class Kernel:
     name: str
     params: tuple[Param, ...]
+    mix: bool = False  # KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2) in its body: 1 AIC + 2 AIV per block
 
 
 _KERNEL = re.compile(r'extern\s+"C"\s+__(?:opgen_)?global__\s+((?:__\w+__(?:\s*\([^)]*\))?\s+)*)void\s+(\w+)'
@@ -82,11 +85,38 @@ def _strip_comments(text: str) -> str:
     return re.sub(r"//[^\n]*", "", text)
 
 
+# the macro as written, or as kernel_operator.h expands it when build.py scans (OPGEN_ASCENDC_MODEL_SCAN)
+_MIX = re.compile(r"\b(?:KERNEL_TASK_TYPE_DEFAULT|__opgen_task_type__)\s*\(\s*(?:\w+\s*::\s*)*"
+                  r"KERNEL_TYPE_MIX_AIC_1_2\s*\)")
+
+
+def _body(text: str, open_brace: int) -> str:
+    """The text from ``text[open_brace] == '{'`` to its matching ``}`` (string literals skipped)."""
+    depth, i, n = 0, open_brace, len(text)
+    while i < n:
+        c = text[i]
+        if c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            i = j
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return text[open_brace:i + 1]
+        i += 1
+    return text[open_brace:]
+
+
 def find_kernels(text: str) -> list[Kernel]:
     """The ``extern "C" __global__`` kernel definitions in a source (or in its preprocessed text,
-    see ``scan``), in order."""
+    see ``scan``), in order. A kernel whose own body contains
+    ``KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2)`` is a MIX kernel (``Kernel.mix``)."""
     out = []
-    for m in _KERNEL.finditer(_strip_comments(text)):
+    text = _strip_comments(text)
+    for m in _KERNEL.finditer(text):
         params = []
         for i, p in enumerate(x.strip() for x in m.group(3).split(",")):
             if not p or p == "void":
@@ -95,7 +125,7 @@ def find_kernels(text: str) -> list[Kernel]:
             if not pm or not pm.group(1).strip():
                 raise ModelBuildError(f"kernel {m.group(2)}: cannot parse parameter {i}: {p!r}")
             params.append(Param(" ".join(pm.group(1).replace("__opgen_gm__", "__gm__").split()), pm.group(2)))
-        out.append(Kernel(m.group(2), tuple(params)))
+        out.append(Kernel(m.group(2), tuple(params), bool(_MIX.search(_body(text, m.end() - 1)))))
     return out
 
 
@@ -137,7 +167,7 @@ def _launch_stub(kernels: list[Kernel]) -> str:
                 f'extern "C" uint32_t aclrtlaunch_{k.name}({launch_params}) {{',
                 f"    opgen_args_{k.name} opgen_launch_args_{{{init + ', ' if init else ''}0}};",
                 f"    return ascend_model::launch({nb}, {st}, opgen_run_{k.name}, &opgen_launch_args_, "
-                f'"{k.name}");\n}}', ""]
+                f'"{k.name}"{", true" if k.mix else ""});\n}}', ""]
     return "\n".join(out)
 
 
@@ -151,7 +181,8 @@ def scan(tool: str, flags: list[str], includes: list[str], src: Path, cache_dir:
     key = hashlib.sha256(text.encode() + headers + " ".join([tool, *flags, *includes]).encode()).hexdigest()[:16]
     cached = cache_dir / f"{src.stem}.{key}.json"
     if cached.is_file():
-        return [Kernel(k["name"], tuple(Param(**p) for p in k["params"])) for k in json.loads(cached.read_text())]
+        return [Kernel(k["name"], tuple(Param(**p) for p in k["params"]), k.get("mix", False))
+                for k in json.loads(cached.read_text())]
     cmd = [tool, *flags, *includes, "-DOPGEN_ASCENDC_MODEL_SCAN", "-E", "-P", str(src)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
@@ -159,8 +190,8 @@ def scan(tool: str, flags: list[str], includes: list[str], src: Path, cache_dir:
     kernels = find_kernels(r.stdout)
     for old in cache_dir.glob(f"{src.stem}.*.json"):
         old.unlink()
-    cached.write_text(json.dumps([{"name": k.name, "params": [{"type": p.type, "name": p.name} for p in k.params]}
-                                  for k in kernels]))
+    cached.write_text(json.dumps([{"name": k.name, "params": [{"type": p.type, "name": p.name} for p in k.params],
+                                   "mix": k.mix} for k in kernels]))
     return kernels
 
 

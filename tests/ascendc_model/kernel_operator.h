@@ -32,6 +32,41 @@
 #define __mix__(...)
 #define GM_ADDR __gm__ uint8_t *
 
+/* ---- kernel task type (KERNEL_TASK_TYPE_DEFAULT) and core type (ASCEND_IS_AIV / ASCEND_IS_AIC) ---- */
+/* enum KernelMetaType: names and order as in asc-devkit's kernel_utils_macros.h (values unconfirmed) */
+enum KernelMetaType {
+    KERNEL_TYPE_AIV_ONLY,
+    KERNEL_TYPE_AIC_ONLY,
+    KERNEL_TYPE_MIX_AIV_1_0,
+    KERNEL_TYPE_MIX_AIC_1_0,
+    KERNEL_TYPE_MIX_AIC_1_1,
+    KERNEL_TYPE_MIX_AIC_1_2,
+    KERNEL_TYPE_AICORE,
+    KERNEL_TYPE_VECTORCORE,
+    KERNEL_TYPE_MIX_AICORE,
+    KERNEL_TYPE_MIX_VECTOR_CORE,
+    KERNEL_TYPE_MAX,
+};
+/* A statement in the kernel body. build.py looks for KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2)
+ * in the body of each kernel and launches it as MIX; at run time the macro checks that the launch
+ * agrees (rule 10) and records the type that the Matmul API checks (rule 11). */
+#ifdef OPGEN_ASCENDC_MODEL_SCAN
+#define KERNEL_TASK_TYPE_DEFAULT(value) __opgen_task_type__(value)
+#else
+#define KERNEL_TASK_TYPE_DEFAULT(value) ascend_model::kernel_task_type(value, #value)
+#endif
+namespace AscendC {
+constexpr int32_t MIX = 0;
+constexpr int32_t AIC = 1;
+constexpr int32_t AIV = 2;
+}  // namespace AscendC
+/* every block of the model is a vector core (AIV): `if ASCEND_IS_AIC { ... }` never runs */
+constexpr int32_t g_coreType = AscendC::AIV;
+#define ASCEND_IS_AIV constexpr(g_coreType == AscendC::AIV)
+#define ASCEND_IS_AIC constexpr(g_coreType == AscendC::AIC)
+#define ASCEND_IS_NOT_AIV constexpr(g_coreType != AscendC::AIV)
+#define ASCEND_IS_NOT_AIC constexpr(g_coreType != AscendC::AIC)
+
 /* bisheng builtins (values as in asc-devkit's PIPE enum; the model ignores them) */
 enum pipe_t {
     PIPE_S = 1,
@@ -295,8 +330,31 @@ public:
 
 /* ======================================================================================== */
 /* system variables, synchronisation                                                        */
+/* In a MIX (KERNEL_TYPE_MIX_AIC_1_2) launch of numBlocks B, the AIV blocks see GetBlockIdx() in
+ * [0, 2B), GetBlockNum() == B and GetTaskRation() == 2; otherwise GetTaskRation() == 1. */
 inline int64_t GetBlockIdx() { return ascend_model::block()->idx; }
 inline int64_t GetBlockNum() { return ascend_model::block()->num; }
+inline int64_t GetTaskRation() { return ascend_model::block()->ration; }
+
+/* The system workspace the library APIs (Matmul) use: the first GetLibApiWorkSpaceSize() (16 MiB)
+ * bytes of the kernel's workspace argument; the user's part follows it. */
+inline void SetSysWorkspace(GM_ADDR workspace) {
+    ascend_model::Block *b = ascend_model::block();
+    b->sys_ws = workspace;
+    b->sys_ws_set = true;
+}
+inline GM_ADDR GetSysWorkSpacePtr() {
+    ascend_model::Block *b = ascend_model::block();
+    if (!b->sys_ws_set || !b->sys_ws)
+        ascend_model::fail(11, "matmul",
+                           "GetSysWorkSpacePtr() before SetSysWorkspace(workspace)%s: it returns nullptr on hardware "
+                           "(call SetSysWorkspace with the kernel's workspace argument first)",
+                           b->sys_ws_set ? " (SetSysWorkspace was given nullptr)" : "");
+    return b->sys_ws;
+}
+inline GM_ADDR GetUserWorkspace(GM_ADDR workspace) {
+    return workspace ? workspace + ascend_model::kLibApiWorkspace : workspace;
+}
 
 /* In-core pipeline synchronisation: the model executes every instruction in program order, so
  * these are no-ops (missing ones are NOT detected, see docs/ascendc_model.md). */
@@ -612,6 +670,29 @@ inline bool TPipe::InitBuffer(TBuf<pos> &buf, uint64_t len) {
 }
 
 }  // namespace AscendC
+
+namespace ascend_model {
+/* KERNEL_TASK_TYPE_DEFAULT(value) at run time */
+inline void kernel_task_type(int value, const char *spelled) {
+    Block *b = block();
+    if (value == KERNEL_TYPE_MIX_AIC_1_2) {
+        if (!b->mix)
+            fail(10, "blocks",
+                 "KERNEL_TASK_TYPE_DEFAULT(%s) but the kernel was launched as vector-only: the launch stub is MIX only "
+                 "when the macro is written in the body of the extern \"C\" __global__ kernel itself",
+                 spelled);
+    } else if (value == KERNEL_TYPE_AIV_ONLY || value == KERNEL_TYPE_MIX_AIV_1_0) {
+        if (b->mix) fail(10, "blocks", "KERNEL_TASK_TYPE_DEFAULT(%s) in a kernel launched as MIX_AIC_1_2", spelled);
+    } else {
+        fail(0, "model", "KERNEL_TASK_TYPE_DEFAULT(%s): only AIV_ONLY, MIX_AIV_1_0 and MIX_AIC_1_2 are modelled",
+             spelled);
+    }
+    if (b->task_type >= 0 && b->task_type != value)
+        fail(10, "blocks", "KERNEL_TASK_TYPE_DEFAULT(%s) after another KERNEL_TASK_TYPE_DEFAULT in the same kernel",
+             spelled);
+    b->task_type = value;
+}
+}  // namespace ascend_model
 
 /* CANN spells it outside the namespace (basic_api/kernel_common.h). */
 inline AscendC::TPipe *GetTPipePtr() {

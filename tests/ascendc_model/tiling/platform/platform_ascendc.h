@@ -39,6 +39,9 @@ public:
         size = ascend_model::ub_size();
     }
     SocVersion GetSocVersion(void) const { return SocVersion::ASCEND910B; }
+    /* the library APIs' (Matmul) system workspace: 16 MiB on 910B (DAV_2201); a kernel's workspace
+     * argument holds it first, the user's part follows (GetUserWorkspace) */
+    uint32_t GetLibApiWorkSpaceSize(void) const { return ascend_model::kLibApiWorkspace; }
 
 private:
     fe::PlatFormInfos *platformInfo_;
