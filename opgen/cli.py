@@ -62,11 +62,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _targets_line(o: OpDef) -> str:
-    """Per target: the dtypes it has kernels for (cpu and cuda: every binding). On ascendc a dtype
-    variable of index tensors is served by converting them at the boundary (opgen/tile/indices.py)."""
+    """Per target: the dtypes it has kernels for (cpu and cuda: every binding). On ascendc, from
+    its kernels' bindings; a dtype variable of index tensors is served by converting them at the
+    boundary (opgen/tile/indices.py), one of tensors never read by any member."""
     from opgen.emit import ascendc
     from opgen.tile.indices import INDEX_DTYPES, free_dtype_vars, index_params
-    from opgen.tile.lower import NPU_DTYPES
 
     parts = ["cpu: all", "cuda: all"]
     why = ascendc.unsupported_reason(o)
@@ -77,15 +77,20 @@ def _targets_line(o: OpDef) -> str:
     free = free_dtype_vars(func)
     params = {p.name: p for p in o.signature.params}
     index_vars = {params[n].spec.dtype.name for n in index_params(func)}  # type: ignore[attr-defined]
+    built: dict[str, set[str]] = {}
+    for ks in ascendc.kernels(o).values():
+        for k in ks:
+            for v, d in k.dtype_vars.data.items():
+                built.setdefault(v, set()).add(d.data)  # type: ignore[attr-defined]
     missing, notes = [], []
     for v in o.signature.dtype_vars().values():
         if v.name in index_vars:
-            ok = INDEX_DTYPES
+            ok: tuple[str, ...] | set[str] = INDEX_DTYPES
             notes.append(f"{v.name} converted to int32 indices")
         elif v.name in free:
             ok = tuple(m.name for m in v.members)
         else:
-            ok = NPU_DTYPES
+            ok = built.get(v.name, set())
         missing += [f"{v.name}={m.name}" for m in v.members if m.name not in ok]
     text = "all" if not missing else f"all but {', '.join(missing)} (no 64-bit arithmetic on the NPU)"
     parts.append(f"ascendc: {text}" + (f"; {'; '.join(notes)}" if notes else ""))

@@ -337,3 +337,45 @@ def test_embedding_dense_backward_entry_of_the_seeds(seed_lib, tmp_path):
     assert np.all(r["asc"].buffers["out"] == SENTINEL)
     assert r["cpu"].statuses == [SUCCESS, SUCCESS]
     assert_c_close(r["cpu"].views["out"], r["ref"]["out"], "f64 indices (CPU vs oracle)")
+
+
+def test_flce_entry_of_the_seeds(seed_lib, tmp_path):
+    """``aclnnFusedLinearCrossEntropyLossGrad`` of the Ascend library (its kernels: the cube's
+    products, the vector unit's softmax gradient, the targets checked on the device first) against
+    the oracle and the CPU library's entry, both modes (absent optionals are NULL aclTensors); a
+    target past V on a row inside the shard is the CPU entry's status, nothing written."""
+    from tests.cpu_cases import flce_args
+
+    rng = np.random.default_rng(29)
+    env = {k: v for k, v in os.environ.items() if k != "OPGEN_OPS_DIR"}
+    env["OPGEN_LIB"] = str(runtime.library_path())
+    good = []
+    for T, M, TI, mode in (("f16", "u8", "i32", "softmax"), ("bf16", "bool", "i64", "memory_saving"),
+                           ("bf16", "u8", "i32", "memory_saving")):
+        a = flce_args(rng, T, M, TI, mode, BT=140, H=24, V=260)
+        tensors = {k: a.get(k) for k in ("grad", "input", "weight", "target_mask", "masked_target", "logits_max",
+                                         "sum_exp_logits", "softmax", "input_grad", "weight_grad")}
+        good.append(Case(f"flce-{T}-{M}-{TI}-{mode}", "fused_linear_cross_entropy_loss_grad", tensors,
+                         scalars={"label_smoothing": 0.0}))
+    bad = Case("flce-target-past-v", "fused_linear_cross_entropy_loss_grad", dict(good[1].tensors),
+               scalars={"label_smoothing": 0.0})
+    mt = np.array(bad.tensors["masked_target"])
+    mask = np.array(bad.tensors["target_mask"])
+    mask[:] = False  # every row inside the shard
+    mt[5] = 260
+    bad.tensors.update(masked_target=mt, target_mask=mask)
+    got = _run((None, seed_lib, env), [*good, bad], tmp_path)
+    for c in good:
+        r = got[c.name]
+        asc, cpu, ref = r["asc"], r["cpu"], r["ref"]
+        assert asc.statuses == cpu.statuses == [SUCCESS, SUCCESS], (c.name, asc.statuses, asc.error, cpu.error)
+        assert asc.stream_forwarded, f"{c.name}: no kernel was launched on the caller's stream"
+        for k in ("input_grad", "weight_grad"):
+            assert_c_close(asc.views[k], ref[k], f"{c.name}.{k} (Ascend vs oracle)")
+            assert_c_close(cpu.views[k], ref[k], f"{c.name}.{k} (CPU vs oracle)")
+    r = got[bad.name]
+    assert r["asc"].statuses == r["cpu"].statuses and r["asc"].statuses[-1] != SUCCESS, (r["asc"].statuses,
+                                                                                       r["cpu"].statuses)
+    for side in ("asc", "cpu"):
+        for k in ("input_grad", "weight_grad"):
+            assert np.all(r[side].buffers[k] == SENTINEL), f"{side} wrote {k}"

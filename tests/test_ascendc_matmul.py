@@ -66,7 +66,10 @@ def chain_ops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     return _library(root / "generated", OUT / "chain-ops"), env, root / "generated"
 
 
-SHAPES = ((5, 7, 9), (130, 300, 70), (1, 1, 1), (257, 129, 33), (0, 5, 8), (4, 0, 8), (3, 4, 0))
+# (M, N, K): one and several blocks of 128 rows, several spans of 2,048 (N in the row pass, M in
+# the column pass), partial blocks and spans, empty dims
+SHAPES = ((5, 7, 9), (130, 300, 70), (1, 1, 1), (257, 129, 33), (0, 5, 8), (4, 0, 8), (3, 4, 0), (2100, 20, 8),
+          (5, 4200, 8))
 
 
 def _cases() -> list[tuple[str, str, dict[str, Any]]]:

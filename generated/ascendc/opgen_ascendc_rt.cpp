@@ -49,6 +49,19 @@ int64_t opgen_ascendc_sys_ws_bytes(void) {
     return (int64_t)platform_ascendc::PlatformAscendCManager::GetInstance()->GetLibApiWorkSpaceSize();
 }
 
+opgen_status_t opgen_ascendc_check_flags(const char *flags, int64_t cores, void *stream, int32_t *bad) {
+    *bad = 0;
+    if (aclrtSynchronizeStream((aclrtStream)stream) != ACL_SUCCESS)
+        return opgen_fail(OPGEN_ERR_INTERNAL, "the checks on tensor data did not run");
+    for (int64_t c = 0; c < cores; c++) {
+        int32_t f[8];
+        if (aclrtMemcpy(f, sizeof f, flags + 32 * c, sizeof f, ACL_MEMCPY_DEVICE_TO_HOST) != ACL_SUCCESS)
+            return opgen_fail(OPGEN_ERR_INTERNAL, "cannot read the checks on tensor data");
+        *bad |= f[0];
+    }
+    return OPGEN_SUCCESS;
+}
+
 opgen_status_t opgen_ascendc_launched(const char *what) {
     (void)what;
     return OPGEN_SUCCESS;

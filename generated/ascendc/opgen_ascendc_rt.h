@@ -98,6 +98,8 @@ int64_t opgen_ascendc_cores(void);
 int64_t opgen_ascendc_ub_bytes(void);
 /* Bytes of system workspace the Matmul API needs before a cube kernel's own workspace. */
 int64_t opgen_ascendc_sys_ws_bytes(void);
+/* Waits for a check kernel on `stream` and ORs the failed-check bits of its `cores` 32-byte slots. */
+opgen_status_t opgen_ascendc_check_flags(const char *flags, int64_t cores, void *stream, int32_t *bad);
 /* Index tensors (opgen/tile/indices.py): the workspace one conversion of n indices takes; the
  * limits of int32 indexing (OPGEN_ERR_SHAPE); and the conversion itself: b's n indices of `dtype`
  * to int32 in `ws` (its first *used bytes), each in [0, bound) else OPGEN_ERR_INDEX naming

@@ -26,6 +26,7 @@ Op -> text, one IR op at a time:
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import IntAttr
@@ -48,7 +49,11 @@ ACL_CTYPE = {"f32": "float", "f16": "half", "bf16": "bfloat16_t", "i32": "int32_
              "i16": "int16_t", "i8": "int8_t", "u8": "uint8_t", "bool": "uint8_t", "u16": "uint16_t",
              "u32": "uint32_t", "u64": "uint64_t"}
 #: scalar C types
-SCALAR_CTYPE = {"f32": "float", "i64": "int64_t", "bool": "bool", "i32": "int32_t"}
+SCALAR_CTYPE = {"f32": "float", "i64": "int64_t", "bool": "bool", "i32": "int32_t", "i16": "int16_t", "i8": "int8_t",
+                "u8": "uint8_t"}
+#: the plain ABI's status of a check's status name
+CHECK_STATUS = {"param": "OPGEN_ERR_PARAM", "shape": "OPGEN_ERR_SHAPE", "index": "OPGEN_ERR_INDEX",
+                "null": "OPGEN_ERR_NULL"}
 
 BINARY_VEC = {ir.AddOp: "Add", ir.SubOp: "Sub", ir.MulOp: "Mul", ir.DivOp: "Div", ir.MaxOp: "Max",
               ir.MinOp: "Min"}
@@ -228,6 +233,8 @@ class AscendPrinter:
                 self.names[a.value] = n
                 st = SCALAR_CTYPE[ir.tensor_type(a.value).dtype]
                 head.append(f"    const {st} {n} = tl.{cnames.local(a.name)}; (void){n};")
+        if any(isinstance(op, t.FailUnlessOp) for op in self.k.body.block.walk()):
+            head.append("    int32_t opgen_bad = 0; /* a bit per failed check on tensor data */")
         head.append("    TPipe pipe;")
         mms = list(dict.fromkeys(op.sym.data for op in self.matmuls))
         for op in {op.sym.data: op for op in self.matmuls}.values():
@@ -315,6 +322,27 @@ class AscendPrinter:
             self.line("SyncAll();")
         elif isinstance(op, t.FenceOp):
             self.line("PipeBarrier<PIPE_ALL>();")
+        elif isinstance(op, t.LoadOp):
+            self.define(op.result, f"{self.name(op.src)}.GetValue({self.name(op.pos)})")
+        elif isinstance(op, t.LoadBitOp):
+            src, pos = self.name(op.src), self.name(op.pos)
+            if t.gm_type(op.src).dtype == "u8":  # bit-packed, LSB first
+                self.define(op.result, f"(({src}.GetValue({pos} >> 3) >> ({pos} & 7)) & 1) != 0")
+            else:
+                self.define(op.result, f"{src}.GetValue({pos}) != 0")
+        elif isinstance(op, t.SetAtOp):
+            dst = self.target(op.result)
+            col = self.name(op.col)
+            ct = self.ctype(ir.tensor_type(op.result).dtype)
+            self.line(f"if ({col} >= 0 && {col} < {self.name(op.ncols)}) {dst}.SetValue((uint32_t)("
+                      f"{self.name(op.row)} * {self.pitch_of(op.result)} + {col}), ({ct}){self.name(op.value)});")
+        elif isinstance(op, t.FailUnlessOp):
+            self.line(f"opgen_bad |= (int32_t)!({self.name(op.cond)}) << {op.bit.data};")
+        elif isinstance(op, t.FlagsOutOp):
+            dst, pos = self.name(op.dst), self.name(op.pos)
+            self.line(f"{dst}.SetValue({pos}, opgen_bad);")
+            self.line(f"DataCacheCleanAndInvalid<int32_t, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>"
+                      f"({dst}[{pos}]);")
         elif isinstance(op, t.MatmulOp):
             self.matmul(op)
         elif isinstance(op, t.MoveOp):
@@ -729,9 +757,25 @@ class AscendPrinter:
             f'        return opgen_fail(OPGEN_ERR_INTERNAL, "{self.inst}: cannot copy the tiling data");',
             f"    ACLRT_LAUNCH_KERNEL({self.inst})((uint32_t)tl->block_dim, (aclrtStream)stream, "
             f"{', '.join([*ptrs, at])});",
+            *self.read_checks(),
             f'    return opgen_ascendc_launched("{self.inst}");',
             "}",
         ]) + "\n"
+
+    def read_checks(self) -> list[str]:
+        """A check kernel's launcher waits for it and answers the first failed check's status."""
+        if "checks" not in self.k.attributes:
+            return []
+        op_name = self.k.sym_name.data.split(".")[0]
+        lines = [f'    opgen_status_t st = opgen_ascendc_launched("{self.inst}");',
+                 "    if (st != OPGEN_SUCCESS) return st;", "    int32_t bad = 0;",
+                 "    st = opgen_ascendc_check_flags(ws + tl->ws_flags, tl->block_dim, stream, &bad);",
+                 "    if (st != OPGEN_SUCCESS) return st;"]
+        for bit, c in enumerate(self.k.attributes["checks"].data):  # type: ignore[attr-defined]
+            status, msg = (x.data for x in c.data)
+            msg = msg.replace('"', "'")
+            lines.append(f'    if (bad & (1 << {bit})) return opgen_fail({CHECK_STATUS[status]}, "{op_name}: {msg}");')
+        return lines
 
 
 def host_entries(base: str, insts: list[str]) -> str:
@@ -846,9 +890,16 @@ def index_entries(fn: str, base: str, op: str, idx: list[_Index], nparams: int) 
 
 
 # ---------------------------------------------------------------------- translation unit
+#: id(op definition) -> (a reference to it, its kernels): op definitions are not hashable
+_KERNELS: dict[int, tuple[weakref.ref[OpDef], dict[tuple[str, ...], list[t.KernelOp]]]] = {}
+
+
 def kernels(o: OpDef) -> dict[tuple[str, ...], list[t.KernelOp]]:
     """Each valid variant's kernel instances after the ascendc pipeline (TileUnsupported when the
-    tile level cannot express the op)."""
+    tile level cannot express the op); computed once per op definition."""
+    hit = _KERNELS.get(id(o))
+    if hit is not None and hit[0]() is o:
+        return hit[1]
     m = o.module()
     pipeline.run(m, "ascendc")
     names = {o.variant_name(p): p for p in o.variants}
@@ -856,6 +907,7 @@ def kernels(o: OpDef) -> dict[tuple[str, ...], list[t.KernelOp]]:
     for k in m.body.block.ops:
         assert isinstance(k, t.KernelOp)
         out.setdefault(names[k.sym_name.data.split(".")[0]], []).append(k)
+    _KERNELS[id(o)] = (weakref.ref(o), out)
     return out
 
 

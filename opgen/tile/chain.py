@@ -3,11 +3,11 @@
 (opgen/lower/matmul_chain.py), here as kernels of the matrix unit and the vector unit.
 
 One kernel per pass (the row pass, then the column pass, one after the other). A core owns blocks
-of ``BLOCK`` output rows (block-cyclic over the vector cores) and, for each block of the other dim
-in order:
+of ``BLOCK`` output rows (block-cyclic over the vector cores) and, for each span of ``SPAN``
+(16 blocks) of the other dim in order:
 
-1. ``tile.matmul`` recomputes the product tile ``P = A B`` (``BLOCK x BLOCK``, f32) into the
-   core's region of the workspace;
+1. ``tile.matmul`` recomputes the product tile ``P = A B`` (``BLOCK x SPAN``, f32; transposed in
+   the column pass) into the core's region of the workspace;
 2. a walk over its row tiles computes ``G`` with the L0 ops (on the vector unit, as every other
    tile-level kernel does: the other inputs copied in at the tile's rows and columns) and writes
    it, rounded to the dtype of the tensor it multiplies next (the matrix unit takes one dtype), to
@@ -38,15 +38,16 @@ from opgen.lower.matmul_chain import Chain, MatmulChainLowering, _strip_cast
 from opgen.lower.to_loops import NotFusable
 from opgen.tile import dialect as t
 from opgen.tile.lower import CHUNK, ROWS, TileLowering, TileUnsupported
+from opgen.tile.rows import RowValues, one_hot, scalar_bcast
+from opgen.tile.sizes import CHAIN_BLOCK, CHAIN_SPAN
 
-#: rows and columns of a block of the (M, N) space; also the column chunk of the accumulator walks
-BLOCK = 128
+#: the output rows of a block (and the column chunk of every walk); the other dim's span per product
+BLOCK, SPAN = CHAIN_BLOCK, CHAIN_SPAN
 #: Matmul objects one kernel may register (the API's limit)
 MAX_MATMULS = 4
 #: L0 ops a chain's G may not use on the tile level
 NOT_IN_G = {ir.ReduceOp: "a reduction", ir.ScatterAddOp: "a scatter_add", ir.GatherOp: "a gather",
-            ir.BincountOp: "a bincount", ir.UnpackBitsOp: "unpack_bits", ir.IotaOp: "iota", ir.PowOp: "pow",
-            ir.TanhOp: "tanh"}
+            ir.BincountOp: "a bincount", ir.PowOp: "pow", ir.TanhOp: "tanh"}
 
 
 @dataclass
@@ -72,11 +73,12 @@ def chain_passes(ch: Chain) -> list[tuple[list[tuple[str, SSAValue, ir.MatmulOp]
     return [(outs, by_rows) for outs, by_rows in ((ch.row_out, True), (ch.col_out, False)) if outs]
 
 
-class ChainTiles(TileLowering):
+class ChainTiles(RowValues, TileLowering):
     """Lowers pass ``part`` of a matmul chain (see the module docstring)."""
 
-    def __init__(self, func: ir.FuncOp, binding: dict[str, dtypes.DType], part: int = 0):
+    def __init__(self, func: ir.FuncOp, binding: dict[str, dtypes.DType], part: int = 0, first: int = 0):
         super().__init__(func, binding, streamed=True, part=part)
+        self.first = first  # the part of the first pass (a check kernel may come before)
 
     # ------------------------------------------------------------------ analysis
     def check_chain(self, ch: Chain) -> None:
@@ -84,8 +86,6 @@ class ChainTiles(TileLowering):
         missing = []
         if self.index:
             missing.append("index parameters")
-        if any(isinstance(op, ir.CheckOp) and ir.tensor_type(op.cond).rank for op in self.func.body.block.walk()):
-            missing.append("checks on tensor data")
         todo, seen = [ch.g], set()
         while todo:  # what G reads, up to the product and the parameters
             v = todo.pop()
@@ -125,12 +125,12 @@ class ChainTiles(TileLowering):
         if ch is None:
             raise TileUnsupported(self.name, "matmul")
         self.check_supported_chain(ch)
-        outs, by_rows = chain_passes(ch)[self.part]
+        outs, by_rows = chain_passes(ch)[self.part - self.first]
         arg_types = []
         for a in self.func.body.block.args:
             tt = ir.tensor_type(a)
             arg_types.append(tt if tt.rank == 0 else t.GmType.make(tt.shape, self.dt(tt.dtype)))
-        many = len(chain_passes(ch)) > 1
+        many = len(chain_passes(ch)) + self.first > 1
         sym = ".".join([self.name, *(d.name for d in self.binding.values()), *([f"part{self.part}"] if many else [])])
         k = t.KernelOp(sym, [*self.names, "workspace"], [*arg_types, t.GmType.make(["W"], "u8")],
                        DictionaryAttr({v: StringAttr(d.name) for v, d in self.binding.items()}))
@@ -140,6 +140,7 @@ class ChainTiles(TileLowering):
         k.attributes["schedule"] = StringAttr("chain")
         m_dim, n_dim = ir.tensor_type(ch.g).shape
         own, oth = (m_dim, n_dim) if by_rows else (n_dim, m_dim)
+        k.attributes["g_rows"] = IntAttr(BLOCK if by_rows else SPAN)
         k.attributes["blocks"] = ArrayAttr([StringAttr(own), StringAttr(oth),
                                             *(StringAttr(ir.tensor_type(mm.result).shape[1]) for _, _, mm in outs)])
         self.block = self.cur = k.body.block
@@ -163,6 +164,37 @@ class ChainTiles(TileLowering):
         except IndexUnsupported as e:
             raise TileUnsupported(self.name, str(e)) from None
         self.check_chain(ch)
+
+    def _tile_op(self, op: Operation, v: SSAValue) -> SSAValue:
+        """A select by a one-hot of per-row targets: a tile of the other value with one element
+        per row set by the scalar unit; else the L0 op on tiles."""
+        if isinstance(op, ir.SelectOp) and (oh := one_hot(op.cond)) is not None:
+            a, b = op.a, op.b
+            if (ir.tensor_type(a).rank and not scalar_bcast(a)) or (ir.tensor_type(b).rank and not scalar_bcast(b)):
+                raise TileUnsupported(self.name, "a one-hot select of tensors")
+            dt = self.cdt(v)
+            hot, cold = (self._cast(self.scalar(scalar_bcast(x) or x), dt) for x in (a, b))
+            init = self.add(ir.BroadcastOp(cold, [], ir.TensorType.make([ROWS, CHUNK], dt)))
+            self.add(t.FenceOp())  # (the vector unit's fill, then the scalar unit's stores)
+            loop = t.ForOp(self.zero, self.nrows, self.one, [init], hint="h")
+            self.add(loop)
+            outer, self.cur = self.cur, loop.body.block
+            row = self.add(ir.AddOp(self.row0, loop.iv))
+            memo: dict[SSAValue, SSAValue] = {}
+            target = self._cast(self.row_value(oh[0], row, memo), "i64")
+            ok: SSAValue | None = None
+            for c in oh[1]:
+                cv = self.row_value(c, row, memo)
+                ok = cv if ok is None else self.add(ir.AndOp(ok, cv))
+            col = self.add(ir.SubOp(target, self.col0))
+            if ok is not None:
+                col = self.add(ir.SelectOp(ok, col, self.add(ir.ConstantOp(-1, "i64"))))
+            res = self.add(t.SetAtOp(loop.body.block.args[1], loop.iv, col, self.ncols, hot))
+            self.add(t.YieldOp([res]))
+            self.cur = outer
+            self.add(t.FenceOp())
+            return loop.res[0]
+        return super()._tile_op(op, v)
 
     # ------------------------------------------------------------------ helpers
     def loop(self, lo: SSAValue, hi: SSAValue, step: SSAValue, hint: str) -> t.ForOp:
@@ -215,17 +247,20 @@ class ChainTiles(TileLowering):
         core = self.add(t.BlockIdxOp())
         ncores = self.add(t.BlockNumOp())
         own_n, oth_n = self.dim(own_dim), self.dim(oth_dim)
-        # the core's regions: one block of rows each
+        # the core's regions: a block of output rows; G's tile is a block by a span (rows x
+        # columns in the row pass, columns x rows in the column pass)
+        g_rows, g_cols = (BLOCK, SPAN) if by_rows else (SPAN, BLOCK)
         wrow = self.add(ir.MulOp(core, self.blk))
+        wrow_g = self.add(ir.MulOp(core, self.const(g_rows)))
         cube_dt = {t.gm_type(self.args[self.operand(mm.rhs).arg]).dtype for _, _, mm in outs}
         if len(cube_dt) != 1:
             raise TileUnsupported(self.name, "products with tensors of different dtypes")
         gdt = cube_dt.pop()
-        ws_p = self.add(t.WorkspaceOp("ws_p", t.GmType.make(["ws_rows", str(BLOCK)], "f32"))) if ch.p else None
+        ws_p = self.add(t.WorkspaceOp("ws_p", t.GmType.make(["ws_grows", str(g_cols)], "f32"))) if ch.p else None
         # G in the matrix unit's dtype: f32, or (f16/bf16) a high and a low part whose products
         # add up to the f32 G's to f32 accuracy (G's rounding error would otherwise dominate)
         parts = [""] if gdt == "f32" else ["", "l"]
-        ws_g = [self.add(t.WorkspaceOp(f"ws_g{x}", t.GmType.make(["ws_rows", str(BLOCK)], gdt))) for x in parts]
+        ws_g = [self.add(t.WorkspaceOp(f"ws_g{x}", t.GmType.make(["ws_grows", str(g_cols)], gdt))) for x in parts]
         accs, prods = [], []
         for i, (_, _, mm) in enumerate(outs):
             width = ir.tensor_type(mm.result).shape[1]
@@ -258,7 +293,7 @@ class ChainTiles(TileLowering):
         xb = self.loop(zero, xblocks, self.one, "x")
         block_scope = self.cur
         self.cur = xb.body.block
-        x0, xn = self.span(xb.iv, self.blk, oth_n)
+        x0, xn = self.span(xb.iv, self.const(SPAN), oth_n)
         g0, gn, h0, hn = (o0, on, x0, xn) if by_rows else (x0, xn, o0, on)  # G rows, G columns
         if ch.p is not None:
             a, b = self.operand(ch.p.lhs), self.operand(ch.p.rhs)
@@ -268,19 +303,19 @@ class ChainTiles(TileLowering):
             kdim = ir.tensor_type(ch.p.lhs).shape[1]
             self.add(t.FenceOp())
             self.add(t.MatmulOp("mm_p", ga, self.off(g0, not a.trans, ga), a.trans, gb, self.off(h0, b.trans, gb),
-                                b.trans, ws_p, self.off(wrow, True, ws_p), [gn, hn, self.dim(kdim)],
-                                [str(BLOCK), str(BLOCK), kdim]))
+                                b.trans, ws_p, self.off(wrow_g, True, ws_p), [gn, hn, self.dim(kdim)],
+                                [str(g_rows), str(g_cols), kdim]))
             self.add(t.FenceOp())
-        self.emit_g_walk(ch, ws_p, ws_g, wrow, g0, gn, h0, hn)
+        self.emit_g_walk(ch, ws_p, ws_g, wrow_g, g0, gn, h0, hn)
         for i, ((_, _, mm), prod, acc) in enumerate(zip(outs, prods, accs, strict=True)):
             c = self.operand(mm.rhs)
             gc = self.args[c.arg]
             width = ir.tensor_type(mm.result).shape[1]
             self.add(t.FenceOp())
             for g, pr in zip(ws_g, prod, strict=True):  # (both parts: one Matmul object)
-                self.add(t.MatmulOp(f"mm_{i}", g, self.off(wrow, True, g), not by_rows, gc,
+                self.add(t.MatmulOp(f"mm_{i}", g, self.off(wrow_g, True, g), not by_rows, gc,
                                     self.off(x0, not c.trans, gc), c.trans, pr, self.off(wrow, True, pr),
-                                    [on, self.dim(width), xn], [str(BLOCK), width, str(BLOCK)]))
+                                    [on, self.dim(width), xn], [str(BLOCK), width, str(SPAN)]))
             self.add(t.FenceOp())
 
             def accumulate(r0: SSAValue, nr: SSAValue, c0: SSAValue, nc: SSAValue, prod: list[SSAValue] = prod,
@@ -312,26 +347,24 @@ class ChainTiles(TileLowering):
 
     def emit_g_walk(self, ch: Chain, ws_p: SSAValue | None, ws_g: list[SSAValue], wrow: SSAValue, g0: SSAValue,
                     gn: SSAValue, h0: SSAValue, hn: SSAValue) -> None:
-        """G's tile (rows g0.., columns h0..) by row tiles, in the ``ws_g`` dtype: rounded, and with
-        a second region, the rounding error rounded too."""
-        outer = self.cur
-        rl = self.loop(self.zero, self.cdiv(gn, self.rows), self.one, "r")
-        self.cur = rl.body.block
-        r0, nr = self.span(rl.iv, self.rows, gn)
-        self.row0, self.nrows = self.add(ir.AddOp(g0, r0)), nr
-        self.col0, self.ncols = h0, hn
-        self.env = {}
-        row = self.add(ir.AddOp(wrow, r0))
-        if ch.p is not None and ws_p is not None:
-            self.env[ch.p.result] = self.add(t.CopyInOp(ws_p, row, nr, self.zero, hn, [ROWS, CHUNK]))
-        g = self.tile(ch.g)
-        hi = self._cast_tile(g, t.gm_type(ws_g[0]).dtype)
-        self.add(t.CopyOutOp(hi, ws_g[0], row, nr, self.zero, hn))
-        if len(ws_g) > 1:
-            lo = self._cast_tile(self.add(ir.SubOp(g, self._cast_tile(hi, "f32"))), t.gm_type(ws_g[1]).dtype)
-            self.add(t.CopyOutOp(lo, ws_g[1], row, nr, self.zero, hn))
-        self.close(rl, outer)
+        """G's tile (rows g0.., columns h0..) by row tiles and column chunks, in the ``ws_g`` dtype:
+        rounded, and with a second region, the rounding error rounded too."""
+        def tile(r0: SSAValue, nr: SSAValue, c0: SSAValue, nc: SSAValue) -> None:
+            self.row0, self.nrows = self.add(ir.AddOp(g0, r0)), nr
+            self.col0, self.ncols = self.add(ir.AddOp(h0, c0)), nc
+            self.env = {}
+            row = self.add(ir.AddOp(wrow, r0))
+            if ch.p is not None and ws_p is not None:
+                self.env[ch.p.result] = self.add(t.CopyInOp(ws_p, row, nr, c0, nc, [ROWS, CHUNK]))
+            g = self.tile(ch.g)
+            hi = self._cast_tile(g, t.gm_type(ws_g[0]).dtype)
+            self.add(t.CopyOutOp(hi, ws_g[0], row, nr, c0, nc))
+            if len(ws_g) > 1:
+                lo = self._cast_tile(self.add(ir.SubOp(g, self._cast_tile(hi, "f32"))), t.gm_type(ws_g[1]).dtype)
+                self.add(t.CopyOutOp(lo, ws_g[1], row, nr, c0, nc))
+
+        self.tiles_of(gn, hn, tile)
 
 
-def lower_chain(func: ir.FuncOp, binding: dict[str, dtypes.DType], part: int) -> t.KernelOp:
-    return ChainTiles(func, binding, part).run()
+def lower_chain(func: ir.FuncOp, binding: dict[str, dtypes.DType], part: int, first: int = 0) -> t.KernelOp:
+    return ChainTiles(func, binding, part, first).run()

@@ -479,6 +479,101 @@ class AddRowOp(IRDLOperation):
 
 
 @irdl_op_definition
+class LoadOp(IRDLOperation):
+    """One element of a global view, read by the core's scalar unit (``src[pos]``)."""
+
+    name = "tile.load"
+    src = operand_def(GmType)
+    pos = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    def __init__(self, src: SSAValue, pos: SSAValue):
+        super().__init__(operands=[src, pos], result_types=[TensorType.make([], gm_type(src).dtype)])
+
+    def verify_(self) -> None:
+        _index(self, self.pos)
+
+
+@irdl_op_definition
+class LoadBitOp(IRDLOperation):
+    """Flag ``pos`` of a mask view, read by the scalar unit: bit ``pos % 8`` of byte ``pos / 8``
+    of a u8 view (LSB first), or element ``pos`` of a bool view (``opgen.unpack_bits``)."""
+
+    name = "tile.load_bit"
+    src = operand_def(GmType)
+    pos = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    def __init__(self, src: SSAValue, pos: SSAValue):
+        super().__init__(operands=[src, pos], result_types=[TensorType.make([], "bool")])
+
+    def verify_(self) -> None:
+        _index(self, self.pos)
+        if gm_type(self.src).dtype not in ("u8", "bool"):
+            raise VerifyException("tile.load_bit: a u8 (bit-packed) or bool view")
+
+
+@irdl_op_definition
+class SetAtOp(IRDLOperation):
+    """``acc`` with element ``(row, col)`` set to the scalar ``value`` when ``0 <= col < ncols``
+    (else ``acc`` unchanged), by the scalar unit: one element per row of a one-hot tile (the
+    result lives in ``acc``'s buffer)."""
+
+    name = "tile.set_at"
+    acc = operand_def(TensorType)
+    row = operand_def(TensorType)
+    col = operand_def(TensorType)
+    ncols = operand_def(TensorType)
+    value = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    def __init__(self, acc: SSAValue, row: SSAValue, col: SSAValue, ncols: SSAValue, value: SSAValue):
+        super().__init__(operands=[acc, row, col, ncols, value], result_types=[acc.type])
+
+    def verify_(self) -> None:
+        _index(self, self.row, self.col, self.ncols)
+        if tensor_type(self.acc).rank != 2 or tensor_type(self.value).shape != () \
+                or tensor_type(self.value).dtype != tensor_type(self.acc).dtype:
+            raise VerifyException("tile.set_at: a scalar of the tile's dtype")
+
+
+@irdl_op_definition
+class FailUnlessOp(IRDLOperation):
+    """A check on tensor data: when ``cond`` is false the core records failed check ``bit`` (the
+    host reads the records before any kernel that writes an output runs)."""
+
+    name = "tile.fail_unless"
+    cond = operand_def(TensorType)
+    bit = prop_def(IntAttr)
+
+    def __init__(self, cond: SSAValue, bit: int):
+        super().__init__(operands=[cond], properties={"bit": IntAttr(bit)})
+
+    def verify_(self) -> None:
+        if tensor_type(self.cond) != TensorType.make([], "bool"):
+            raise VerifyException("tile.fail_unless: a bool scalar")
+        if not 0 <= self.bit.data < 31:
+            raise VerifyException("tile.fail_unless: at most 31 checks")
+
+
+@irdl_op_definition
+class FlagsOutOp(IRDLOperation):
+    """The core's failed checks (a bit per ``tile.fail_unless``) into ``dst[pos]`` (int32)."""
+
+    name = "tile.flags_out"
+    dst = operand_def(GmType)
+    pos = operand_def(TensorType)
+
+    def __init__(self, dst: SSAValue, pos: SSAValue):
+        super().__init__(operands=[dst, pos])
+
+    def verify_(self) -> None:
+        _index(self, self.pos)
+        if gm_type(self.dst).dtype != "i32":
+            raise VerifyException("tile.flags_out: an i32 view")
+
+
+@irdl_op_definition
 class MatmulOp(IRDLOperation):
     """``c[c_off + i * ldc + j] = sum_k opA(i, k) * opB(k, j)`` for ``i < m, j < n, k < k``: a
     product on the core's matrix unit (Ascend's cube through its Matmul API), global memory to
@@ -571,5 +666,6 @@ class ReleaseOp(IRDLOperation):
 
 Tile = Dialect("tile", [KernelOp, TilingOp, PlatformOp, SetParamOp, ParamOp, BlockIdxOp, BlockNumOp, ForOp, YieldOp,
                         SyncAllOp, FenceOp, WorkspaceOp, CopyInOp, CopyOutOp, ReduceOp, SegmentsOp, SegStartOp, SegAtOp,
-                        AddRowOp, MatmulOp, BufferOp, MoveOp, ReleaseOp],
+                        AddRowOp, LoadOp, LoadBitOp, SetAtOp, FailUnlessOp, FlagsOutOp, MatmulOp,
+                        BufferOp, MoveOp, ReleaseOp],
                    [MemSpaceAttr, BufferKindAttr, GmType, SegmentsType])

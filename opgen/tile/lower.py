@@ -63,14 +63,21 @@ def compute_dtype(d: dtypes.DType) -> str:
     return "f32" if d.is_float else d.name
 
 
-def npu_bindings(func: ir.FuncOp) -> list[dict[str, dtypes.DType]]:
-    """The dtype bindings of ``func`` an NPU target instantiates (every member computable), over
-    its dtype variables that are not free (opgen/tile/indices.py)."""
+#: dtypes a kernel may read only with the scalar unit (tile.load): 64-bit integers
+SCALAR_ONLY_DTYPES = ("i64",)
+
+
+def npu_bindings(func: ir.FuncOp, scalar_reads: bool = False) -> list[dict[str, dtypes.DType]]:
+    """The dtype bindings of ``func`` an NPU target instantiates (every member computable; with
+    ``scalar_reads`` also those whose other members the kernels may only read with the scalar
+    unit — lower-to-tiles keeps them when they do), over its dtype variables that are not free
+    (opgen/tile/indices.py)."""
     free = free_dtype_vars(func)
     dvars = {k: v for k, v in func.dtype_var_map().items() if k not in free}
+    ok = NPU_DTYPES + (SCALAR_ONLY_DTYPES if scalar_reads else ())
     out = []
     for combo in itertools.product(*dvars.values()):
-        if all(d.name in NPU_DTYPES for d in combo):
+        if all(d.name in ok for d in combo):
             out.append(dict(zip(dvars, combo, strict=True)))
     return out
 

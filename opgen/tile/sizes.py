@@ -46,8 +46,10 @@ GROUP_ROWS = 64
 SEG_ROWS = 2048
 SEG_WINDOW = 2048
 SEG_SCAN = 1024
-#: rows and columns of a matmul chain's blocks (opgen/tile/chain.py)
+#: rows of a matmul chain's output blocks, and the span of the other dim one product covers
+#: (opgen/tile/chain.py): a block's accumulator goes through global memory once per span
 CHAIN_BLOCK = 128
+CHAIN_SPAN = 16 * CHAIN_BLOCK
 
 
 class _Builder:
@@ -193,6 +195,15 @@ class SizeTiles(ModulePass):
         if k.attributes.get("schedule") == StringAttr("chain"):
             SizeTiles.size_chain(k, b, bufs, ub, cost)
             return
+        if k.attributes.get("schedule") == StringAttr("check"):  # scalar code only: no buffers
+            for name, v in (("nbuf", 1), ("rows", 1), ("col_chunk", 8)):
+                b.set(name, b.c(v))
+            rows = [b.dim(x.data) for x in k.attributes["rows"].data]  # type: ignore[attr-defined]
+            most = b.c(0)
+            for r in rows:
+                most = b.add(ir.MaxOp(most, r))
+            b.set("groups", most)
+            return
         seg_rows = SizeTiles.size_segments(k, b, bufs, n, cols, cores)
         c2, c1 = cost(2), cost(1)
         if k.attributes.get("schedule") == StringAttr("streamed"):
@@ -260,7 +271,7 @@ class SizeTiles(ModulePass):
         for w in widths:
             empty = b.add(ir.OrOp(empty, b.add(ir.CmpOp("eq", w, b.c(0)))))
         b.set("blocks", b.select(empty, b.c(0), b.cdiv(own, b.c(CHAIN_BLOCK))))
-        b.set("xblocks", b.cdiv(oth, b.c(CHAIN_BLOCK)))
+        b.set("xblocks", b.cdiv(oth, b.c(CHAIN_SPAN)))
         b.set("groups", b.params["blocks"])
         b.set("col_chunk", b.c(CHAIN_BLOCK))
         pitch = b.params["pitch"]
@@ -370,6 +381,12 @@ class SplitCores(ModulePass):
                     dim = b.set("block_dim", b.add(ir.MaxOp(b.add(ir.MinOp(aic, b.cdiv(b.params["blocks"], b.c(2)))),
                                                             b.c(1))))
                     b.set("ws_rows", b.bin(ir.MulOp, b.bin(ir.MulOp, dim, b.c(2)), b.c(CHAIN_BLOCK)))
+                    g_rows = k.attributes["g_rows"].data  # type: ignore[attr-defined]
+                    b.set("ws_grows", b.bin(ir.MulOp, b.bin(ir.MulOp, dim, b.c(2)), b.c(g_rows)))
+                    continue
+                if k.attributes.get("schedule") == StringAttr("check"):  # a 32-byte slot per core
+                    dim = b.set("block_dim", b.add(ir.MaxOp(b.add(ir.MinOp(cores, b.params["groups"])), b.c(1))))
+                    b.set("flag_words", b.bin(ir.MulOp, dim, b.c(8)))
                     continue
                 combine = any(isinstance(x, t.SyncAllOp) for x in k.body.block.walk())  # a column-sum phase
                 work = b.add(ir.MaxOp(b.params["groups"], chunks)) if combine else b.params["groups"]

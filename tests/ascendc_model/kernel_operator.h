@@ -328,6 +328,16 @@ public:
     }
 };
 
+/* DataCacheCleanAndInvalid: writes back (and drops) the scalar unit's data-cache line holding a
+ * GM element it wrote with GlobalTensor::SetValue, so that the copy engine and the host see it.
+ * The model's GM is host memory, coherent already: the call only checks its operand's bounds. */
+enum class CacheLine { SINGLE_CACHE_LINE = 0, ENTIRE_DATA_CACHE };
+enum class DcciDst { CACHELINE_ALL = 0, CACHELINE_UB, CACHELINE_OUT, CACHELINE_ATOMIC };
+template <typename T, CacheLine entireType, DcciDst dcciDst>
+inline void DataCacheCleanAndInvalid(const GlobalTensor<T> &dst) {
+    (void)dst.GetValue(0);
+}
+
 /* ======================================================================================== */
 /* system variables, synchronisation                                                        */
 /* In a MIX (KERNEL_TYPE_MIX_AIC_1_2) launch of numBlocks B, the AIV blocks see GetBlockIdx() in

@@ -1,0 +1,99 @@
+"""Per-row values on the tile level: integers and flags of a row, evaluated by the core's scalar
+unit from single elements of the parameters — the targets and masks a one-hot tile or a check on
+tensor data reads (FLCE's ``iota == target`` and its range check)."""
+
+from __future__ import annotations
+
+from xdsl.ir import BlockArgument, SSAValue
+
+from opgen.ir import dialect as ir
+from opgen.lower.matmul_chain import _strip_cast
+from opgen.tile import dialect as t
+from opgen.tile.lower import TileUnsupported
+
+
+def scalar_bcast(v: SSAValue) -> SSAValue | None:
+    """The rank-0 value ``v`` broadcasts, if it is one."""
+    op = v.owner
+    if isinstance(op, ir.BroadcastOp | ir.FullOp) and ir.tensor_type(op.operands[0]).rank == 0:
+        return op.operands[0]
+    return None
+
+
+class RowValues:
+    """Mixin: per-row values (shape ``[X]`` or ``[X, 1]``) of integers and flags evaluated by the
+    scalar unit at one row, reading single elements of the parameters (``tile.load``,
+    ``tile.load_bit``): the targets and masks a one-hot or a check on tensor data reads."""
+
+    def row_value(self, v: SSAValue, row: SSAValue, memo: dict[SSAValue, SSAValue]) -> SSAValue:
+        if v in memo:
+            return memo[v]
+        op = v.owner
+        tt = ir.tensor_type(v)
+        if tt.rank == 0:
+            res = self.scalar(v)  # type: ignore[attr-defined]
+        elif isinstance(v, BlockArgument):
+            if tt.rank != 1:
+                raise TileUnsupported(self.name, "a per-row value of a 2-D tensor")  # type: ignore[attr-defined]
+            res = self.add(t.LoadOp(self.args[self.names[v.index]], row))  # type: ignore[attr-defined]
+        elif isinstance(op, ir.UnpackBitsOp):
+            if not isinstance(op.packed, BlockArgument):
+                raise TileUnsupported(self.name, "unpack_bits of a computed mask")  # type: ignore[attr-defined]
+            res = self.add(t.LoadBitOp(self.args[self.names[op.packed.index]], row))  # type: ignore[attr-defined]
+        elif isinstance(op, ir.BroadcastOp) and ir.tensor_type(op.x).rank <= 1:
+            res = self.row_value(op.x, row, memo)
+        elif isinstance(op, ir.CastOp):
+            x = self.row_value(op.x, row, memo)
+            dt = self.dt(tt.dtype)  # type: ignore[attr-defined]
+            res = x if ir.tensor_type(x).dtype == dt else self.add(ir.CastOp(x, dt))  # type: ignore[attr-defined]
+        elif isinstance(op, ir.CmpOp | ir.AndOp | ir.OrOp | ir.NotOp | ir.AddOp | ir.SubOp | ir.MulOp | ir.SelectOp):
+            ops = [self.row_value(o, row, memo) for o in op.operands]
+            res = self.add(self._rebuild(op, ops))  # type: ignore[attr-defined]
+        else:
+            raise TileUnsupported(self.name, f"{op.name} in a per-row value")  # type: ignore[attr-defined, union-attr]
+        memo[v] = res
+        return res
+
+    def emit_checks(self) -> None:
+        """The op's checks on attributes and sizes, and that each bit-packed mask covers its
+        flags (a u8 mask holds 8 per element): the host runs them before the launch."""
+        self.cur = self.block
+        for op in self.func.body.block.ops:
+            if isinstance(op, ir.CheckOp) and not ir.tensor_type(op.cond).rank:
+                self.add(ir.CheckOp(self.scalar(op.cond), op.message.data, op.status.data))
+            elif isinstance(op, ir.UnpackBitsOp):
+                p, n = ir.tensor_type(op.packed), ir.tensor_type(op.result).shape[0]
+                per = 8 if self.dt(p.dtype) == "u8" else 1
+                have = self.add(ir.MulOp(self.dim(p.shape[0]), self.const(per)))
+                self.add(ir.CheckOp(self.add(ir.CmpOp("ge", have, self.dim(n))), f"mask must hold at least {n} flags",
+                                    "shape"))
+
+
+def one_hot(v: SSAValue) -> tuple[SSAValue, list[SSAValue]] | None:
+    """``(t, conds)`` when ``v`` ([X, N] bool) is ``iota(axis=1) == t[:, None]`` and-ed with
+    per-row flags ``conds``: true at most at one column per row."""
+    op = v.owner
+    if isinstance(op, ir.AndOp):
+        for a, b in ((op.lhs, op.rhs), (op.rhs, op.lhs)):
+            inner = one_hot(a)
+            if inner is not None and _per_row(b) is not None:
+                return inner[0], [*inner[1], _per_row(b)]  # type: ignore[list-item]
+        return None
+    if not (isinstance(op, ir.CmpOp) and op.predicate.data == "eq"):
+        return None
+    for a, b in ((op.lhs, op.rhs), (op.rhs, op.lhs)):
+        if isinstance(_strip_cast(a).owner, ir.IotaOp) and _strip_cast(a).owner.axis.data == 1:  # type: ignore[union-attr]
+            row = _per_row(b)
+            if row is not None:
+                return row, []
+    return None
+
+
+def _per_row(v: SSAValue) -> SSAValue | None:
+    """The [X] or [X, 1] value a [X, N] value broadcasts along its rows, if it does."""
+    op = v.owner
+    tt = ir.tensor_type(v)
+    if tt.rank == 2 and isinstance(op, ir.BroadcastOp) and ir.tensor_type(op.x).shape in ((tt.shape[0], "1"),
+                                                                                          (tt.shape[0],)):
+        return op.x
+    return None
