@@ -26,6 +26,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -65,6 +66,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -120,6 +122,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -159,6 +162,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -214,6 +218,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -253,6 +258,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -308,6 +314,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -347,6 +354,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -402,6 +410,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -441,6 +450,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -496,6 +506,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -535,6 +546,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -590,6 +602,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -629,6 +642,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -684,6 +698,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -723,6 +738,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -778,6 +794,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -822,6 +839,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -882,6 +900,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -926,6 +945,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -986,6 +1006,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1030,6 +1051,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1090,6 +1112,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1134,6 +1157,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1194,6 +1218,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1238,6 +1263,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1298,6 +1324,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1342,6 +1369,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1402,6 +1430,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1446,6 +1475,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1506,6 +1536,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1550,6 +1581,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1610,6 +1642,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1649,6 +1682,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1704,6 +1738,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1743,6 +1778,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1798,6 +1834,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1837,6 +1874,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1892,6 +1930,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1931,6 +1970,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -1986,6 +2026,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2025,6 +2066,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2080,6 +2122,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2119,6 +2162,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2174,6 +2218,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2213,6 +2258,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2268,6 +2314,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2307,6 +2354,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2362,6 +2410,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2401,6 +2450,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2456,6 +2506,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2495,6 +2546,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2550,6 +2602,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2589,6 +2642,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2644,6 +2698,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2683,6 +2738,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2738,6 +2794,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2777,6 +2834,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2832,6 +2890,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2871,6 +2930,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2926,6 +2986,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -2965,6 +3026,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3020,6 +3082,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3059,6 +3122,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3114,6 +3178,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3153,6 +3218,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3208,6 +3274,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3247,6 +3314,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3302,6 +3370,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3341,6 +3410,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3396,6 +3466,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3435,6 +3506,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3490,6 +3562,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3529,6 +3602,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3584,6 +3658,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3623,6 +3698,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3678,6 +3754,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3717,6 +3794,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3772,6 +3850,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;
@@ -3811,6 +3890,7 @@ typedef struct {
     int64_t pitch;
     int64_t nbuf;
     int64_t rows;
+    int64_t blk;
     int64_t blocks;
     int64_t xblocks;
     int64_t groups;

@@ -3,7 +3,9 @@
 (opgen/lower/matmul_chain.py), here as kernels of the matrix unit and the vector unit.
 
 One kernel per pass (the row pass, then the column pass, one after the other). A core owns blocks
-of ``BLOCK`` output rows (block-cyclic over the vector cores) and, for each span of ``SPAN``
+of at most ``BLOCK`` output rows (block-cyclic over the vector cores; fewer rows per block, down
+to 16, when there are too few blocks for every core — an output row's sum does not depend on the
+rows beside it, so neither do the results) and, for each span of ``SPAN``
 (16 blocks) of the other dim in order:
 
 1. ``tile.matmul`` recomputes the product tile ``P = A B`` (``BLOCK x SPAN``, f32; transposed in
@@ -279,7 +281,7 @@ class ChainTiles(RowValues, TileLowering):
         self.anchor = ob  # (scalars made inside the walk go before it)
         top = self.cur
         self.cur = ob.body.block
-        o0, on = self.span(ob.iv, self.blk, own_n)
+        o0, on = self.span(ob.iv, self.add(t.ParamOp("blk"), self.block), own_n)
         zero = self.const(0)
         for (_, _, mm), acc in zip(outs, accs, strict=True):  # the accumulators start at zero
             width = self.dim(ir.tensor_type(mm.result).shape[1])

@@ -193,7 +193,7 @@ class SizeTiles(ModulePass):
             return b.select(fits, b.bin(ir.DivOp, room, safe), b.c(0))
 
         if k.attributes.get("schedule") == StringAttr("chain"):
-            SizeTiles.size_chain(k, b, bufs, ub, cost)
+            SizeTiles.size_chain(k, b, bufs, ub, cores, cost)
             return
         if k.attributes.get("schedule") == StringAttr("check"):  # scalar code only: no buffers
             for name, v in (("nbuf", 1), ("rows", 1), ("col_chunk", 8)):
@@ -252,10 +252,12 @@ class SizeTiles(ModulePass):
             b.set(x.bytes.data, nbytes)
 
     @staticmethod
-    def size_chain(k: t.KernelOp, b: _Builder, bufs: list[t.BufferOp], ub: SSAValue, cost: object) -> None:
+    def size_chain(k: t.KernelOp, b: _Builder, bufs: list[t.BufferOp], ub: SSAValue, cores: SSAValue,
+                   cost: object) -> None:
         """A matmul chain (opgen/tile/chain.py): tiles of one block's ``CHAIN_BLOCK`` columns, as
-        many rows (at most a block) as fit; ``blocks`` of the rows the pass owns (none when its
-        outputs are empty) and ``xblocks`` of the other dim."""
+        many rows (at most a block) as fit; ``blocks`` of ``blk`` rows the pass owns (none when
+        its outputs are empty: ``CHAIN_BLOCK`` rows, or fewer — a multiple of 16, the cube's
+        fractal — when that leaves vector cores idle) and ``xblocks`` spans of the other dim."""
         costs = [cost(2), cost(1)]  # type: ignore[operator]
         fit = []
         for per_row, fixed, _ in costs:
@@ -270,7 +272,9 @@ class SizeTiles(ModulePass):
         empty = b.add(ir.CmpOp("eq", own, b.c(0)))
         for w in widths:
             empty = b.add(ir.OrOp(empty, b.add(ir.CmpOp("eq", w, b.c(0)))))
-        b.set("blocks", b.select(empty, b.c(0), b.cdiv(own, b.c(CHAIN_BLOCK))))
+        share = b.bin(ir.MulOp, b.bin(ir.DivOp, b.bin(ir.DivOp, own, b.add(ir.MaxOp(cores, b.c(1)))), b.c(16)), b.c(16))
+        blk = b.set("blk", b.add(ir.MinOp(b.c(CHAIN_BLOCK), b.add(ir.MaxOp(share, b.c(16))))))
+        b.set("blocks", b.select(empty, b.c(0), b.cdiv(own, blk)))
         b.set("xblocks", b.cdiv(oth, b.c(CHAIN_SPAN)))
         b.set("groups", b.params["blocks"])
         b.set("col_chunk", b.c(CHAIN_BLOCK))
