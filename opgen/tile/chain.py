@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, IntAttr, StringAttr
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from opgen import dtypes
@@ -85,6 +85,7 @@ class ChainTiles(RowValues, TileLowering):
     # ------------------------------------------------------------------ analysis
     def check_chain(self, ch: Chain) -> None:
         """Raise TileUnsupported naming everything the chain uses that the tile level lacks."""
+        self.index = self.index_params()
         missing = []
         if self.index:
             missing.append("index parameters")
@@ -126,46 +127,17 @@ class ChainTiles(RowValues, TileLowering):
         ch = chain_plan(self.func)
         if ch is None:
             raise TileUnsupported(self.name, "matmul")
-        self.check_supported_chain(ch)
+        self.check_chain(ch)
         outs, by_rows = chain_passes(ch)[self.part - self.first]
-        arg_types = []
-        for a in self.func.body.block.args:
-            tt = ir.tensor_type(a)
-            arg_types.append(tt if tt.rank == 0 else t.GmType.make(tt.shape, self.dt(tt.dtype)))
         many = len(chain_passes(ch)) + self.first > 1
-        sym = ".".join([self.name, *(d.name for d in self.binding.values()), *([f"part{self.part}"] if many else [])])
-        k = t.KernelOp(sym, [*self.names, "workspace"], [*arg_types, t.GmType.make(["W"], "u8")],
-                       DictionaryAttr({v: StringAttr(d.name) for v, d in self.binding.items()}))
-        k.attributes["part"] = IntAttr(self.part)
-        k.attributes["indices"] = DictionaryAttr({})
-        k.attributes["free"] = ArrayAttr([])
-        k.attributes["schedule"] = StringAttr("chain")
+        k = self.begin_kernel(f"part{self.part}" if many else "", "chain")
         m_dim, n_dim = ir.tensor_type(ch.g).shape
         own, oth = (m_dim, n_dim) if by_rows else (n_dim, m_dim)
         k.attributes["g_rows"] = IntAttr(BLOCK if by_rows else SPAN)
         k.attributes["blocks"] = ArrayAttr([StringAttr(own), StringAttr(oth),
                                             *(StringAttr(ir.tensor_type(mm.result).shape[1]) for _, _, mm in outs)])
-        self.block = self.cur = k.body.block
-        self.args = dict(zip(self.names, k.body.block.args, strict=False))
-        self.env, self.col_env, self.rowvals = {}, {}, {}
-        self.scalars = {a: ka for a, ka in zip(self.func.body.block.args, k.body.block.args, strict=False)
-                        if ir.tensor_type(a).rank == 0}
-        self.anchor = None
-        self.partials = []
-        self.tiling = t.TilingOp()
-        self.block.add_op(self.tiling)
-        self.emit_checks()
         self.emit_pass(ch, outs, by_rows)
         return k
-
-    def check_supported_chain(self, ch: Chain) -> None:
-        from opgen.tile.indices import IndexUnsupported, index_params
-
-        try:
-            self.index = index_params(self.func)
-        except IndexUnsupported as e:
-            raise TileUnsupported(self.name, str(e)) from None
-        self.check_chain(ch)
 
     def _tile_op(self, op: Operation, v: SSAValue) -> SSAValue:
         """A select by a one-hot of per-row targets: a tile of the other value with one element

@@ -12,12 +12,11 @@ kernels run, so nothing is written.
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, StringAttr
 
 from opgen import dtypes
 from opgen.ir import dialect as ir
 from opgen.tile import dialect as t
-from opgen.tile.indices import IndexUnsupported, index_params
 from opgen.tile.lower import TileLowering, TileUnsupported
 from opgen.tile.rows import RowValues
 
@@ -37,37 +36,13 @@ class CheckTiles(RowValues, TileLowering):
         super().__init__(func, binding, part=0)
 
     def run(self) -> t.KernelOp:
-        try:
-            self.index = index_params(self.func)
-        except IndexUnsupported as e:
-            raise TileUnsupported(self.name, str(e)) from None
         checks = data_checks(self.func)
         if len(checks) > 31:
             raise TileUnsupported(self.name, "more than 31 checks on tensor data")
-        arg_types = []
-        for a in self.func.body.block.args:
-            tt = ir.tensor_type(a)
-            arg_types.append(tt if tt.rank == 0 else t.GmType.make(tt.shape, self.dt(tt.dtype)))
-        sym = ".".join([self.name, *(d.name for d in self.binding.values()), "check"])
-        k = t.KernelOp(sym, [*self.names, "workspace"], [*arg_types, t.GmType.make(["W"], "u8")],
-                       DictionaryAttr({v: StringAttr(d.name) for v, d in self.binding.items()}))
-        k.attributes["part"] = IntAttr(0)
-        k.attributes["indices"] = DictionaryAttr({})
-        k.attributes["free"] = ArrayAttr([])
-        k.attributes["schedule"] = StringAttr("check")
+        k = self.begin_kernel("check", "check")
         k.attributes["checks"] = ArrayAttr([ArrayAttr([StringAttr(c.status.data), StringAttr(c.message.data)])
                                             for c in checks])
         k.attributes["rows"] = ArrayAttr([StringAttr(ir.tensor_type(c.cond).shape[0]) for c in checks])
-        self.block = self.cur = k.body.block
-        self.args = dict(zip(self.names, k.body.block.args, strict=False))
-        self.env, self.col_env, self.rowvals = {}, {}, {}
-        self.scalars = {a: ka for a, ka in zip(self.func.body.block.args, k.body.block.args, strict=False)
-                        if ir.tensor_type(a).rank == 0}
-        self.anchor = None
-        self.partials = []
-        self.tiling = t.TilingOp()
-        self.block.add_op(self.tiling)
-        self.emit_checks()
         self.zero, self.one = self.const(0), self.const(1)
         core = self.add(t.BlockIdxOp())
         ncores = self.add(t.BlockNumOp())

@@ -4,11 +4,13 @@ tensor data reads (FLCE's ``iota == target`` and its range check)."""
 
 from __future__ import annotations
 
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, StringAttr
 from xdsl.ir import BlockArgument, SSAValue
 
 from opgen.ir import dialect as ir
 from opgen.lower.matmul_chain import _strip_cast
 from opgen.tile import dialect as t
+from opgen.tile.indices import IndexUnsupported, index_params
 from opgen.tile.lower import TileUnsupported
 
 
@@ -53,6 +55,39 @@ class RowValues:
             raise TileUnsupported(self.name, f"{op.name} in a per-row value")  # type: ignore[attr-defined, union-attr]
         memo[v] = res
         return res
+
+    def begin_kernel(self, suffix: str, schedule: str) -> t.KernelOp:
+        """A kernel of this binding (symbol ``<op>.<dtypes>[.<suffix>]``) whose tensor parameters
+        keep their dtypes (no index conversion), with the lowering's state set for building its
+        body: the tiling region, then the op's host checks."""
+        self.index = self.index_params()  # type: ignore[attr-defined]
+        names, args, binding = self.names, self.func.body.block.args, self.binding  # type: ignore[attr-defined]
+        arg_types = [tt if (tt := ir.tensor_type(a)).rank == 0 else t.GmType.make(tt.shape, self.dt(tt.dtype))  # type: ignore[attr-defined]
+                     for a in args]
+        sym = ".".join([self.name, *(d.name for d in binding.values()), *([suffix] if suffix else [])])  # type: ignore[attr-defined]
+        k = t.KernelOp(sym, [*names, "workspace"], [*arg_types, t.GmType.make(["W"], "u8")],
+                       DictionaryAttr({v: StringAttr(d.name) for v, d in binding.items()}))
+        k.attributes["part"] = IntAttr(self.part)  # type: ignore[attr-defined]
+        k.attributes["indices"] = DictionaryAttr({})
+        k.attributes["free"] = ArrayAttr([])
+        k.attributes["schedule"] = StringAttr(schedule)
+        self.block = self.cur = k.body.block
+        self.args = dict(zip(names, k.body.block.args, strict=False))
+        self.env, self.col_env, self.rowvals = {}, {}, {}
+        self.scalars = {a: ka for a, ka in zip(args, k.body.block.args, strict=False) if ir.tensor_type(a).rank == 0}
+        self.anchor = None
+        self.partials: list[SSAValue] = []
+        self.tiling = t.TilingOp()
+        self.block.add_op(self.tiling)
+        self.emit_checks()
+        return k
+
+    def index_params(self) -> dict[str, object]:
+        """The function's index parameters (opgen/tile/indices.py), or TileUnsupported."""
+        try:
+            return index_params(self.func)  # type: ignore[attr-defined]
+        except IndexUnsupported as e:
+            raise TileUnsupported(self.name, str(e)) from None  # type: ignore[attr-defined]
 
     def emit_checks(self) -> None:
         """The op's checks on attributes and sizes, and that each bit-packed mask covers its

@@ -136,6 +136,26 @@ def _itemsize(b: t.BufferOp) -> int:
     return dtypes.by_name(b.attributes["elem"].data).itemsize  # type: ignore[attr-defined]
 
 
+def _buffer_bytes(b: _Builder, bufs: list[t.BufferOp], rows: SSAValue, pitch: SSAValue, cc: SSAValue) -> None:
+    """Every buffer's bytes: a tile ``rows`` rows of ``pitch`` elements, a per-row value ``rows``
+    elements (32-byte rounded), a row ``pitch`` elements (``cc`` in the column-sum phase), a
+    scratch block 32 bytes; the segment tables are sized by size_segments."""
+    for x in bufs:
+        lay, sz = x.attributes["layout"].data, _itemsize(x)  # type: ignore[attr-defined]
+        if lay == "tile":
+            nbytes = b.bin(ir.MulOp, b.bin(ir.MulOp, rows, pitch), b.c(sz))
+        elif lay == "vec":
+            nbytes = b.round_up(b.bin(ir.MulOp, rows, b.c(sz)), ALIGN)
+        elif lay == "row":
+            width = cc if x.attributes["cols"].data == "CC" else pitch  # type: ignore[attr-defined]
+            nbytes = b.bin(ir.MulOp, width, b.c(sz))
+        elif lay in SEG_LAYOUTS:
+            continue
+        else:
+            nbytes = b.c(ALIGN)
+        b.set(x.bytes.data, nbytes)
+
+
 class SizeTiles(ModulePass):
     """Rows per tile, row pitch, queue depth and every buffer's bytes (see the module docstring)."""
 
@@ -236,20 +256,7 @@ class SizeTiles(ModulePass):
         group = b.cdiv(b.c(GROUP_ROWS), rows) if partials else b.c(1)
         group = b.set("group", group)
         b.set("groups", b.cdiv(tiles, group))
-        for x in bufs:
-            lay, sz = x.attributes["layout"].data, _itemsize(x)  # type: ignore[attr-defined]
-            if lay == "tile":
-                nbytes = b.bin(ir.MulOp, b.bin(ir.MulOp, rows, pitch), b.c(sz))
-            elif lay == "vec":
-                nbytes = b.round_up(b.bin(ir.MulOp, rows, b.c(sz)), ALIGN)
-            elif lay == "row":
-                width = cc if x.attributes["cols"].data == "CC" else pitch  # type: ignore[attr-defined]
-                nbytes = b.bin(ir.MulOp, width, b.c(sz))
-            elif lay in SEG_LAYOUTS:
-                continue  # (size_segments)
-            else:
-                nbytes = b.c(ALIGN)
-            b.set(x.bytes.data, nbytes)
+        _buffer_bytes(b, bufs, rows, pitch, cc)
 
     @staticmethod
     def size_chain(k: t.KernelOp, b: _Builder, bufs: list[t.BufferOp], ub: SSAValue, cores: SSAValue,
@@ -278,18 +285,7 @@ class SizeTiles(ModulePass):
         b.set("xblocks", b.cdiv(oth, b.c(CHAIN_SPAN)))
         b.set("groups", b.params["blocks"])
         b.set("col_chunk", b.c(CHAIN_BLOCK))
-        pitch = b.params["pitch"]
-        for x in bufs:
-            lay, sz = x.attributes["layout"].data, _itemsize(x)  # type: ignore[attr-defined]
-            if lay == "tile":
-                nbytes = b.bin(ir.MulOp, b.bin(ir.MulOp, rows, pitch), b.c(sz))
-            elif lay == "vec":
-                nbytes = b.round_up(b.bin(ir.MulOp, rows, b.c(sz)), ALIGN)
-            elif lay == "row":
-                nbytes = b.bin(ir.MulOp, pitch, b.c(sz))
-            else:
-                nbytes = b.c(ALIGN)
-            b.set(x.bytes.data, nbytes)
+        _buffer_bytes(b, bufs, rows, b.params["pitch"], b.params["col_chunk"])
 
     @staticmethod
     def size_segments(k: t.KernelOp, b: _Builder, bufs: list[t.BufferOp], n: SSAValue, cols: SSAValue,
