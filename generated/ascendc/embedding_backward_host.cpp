@@ -274,8 +274,8 @@ static opgen_status_t k_embedding_backward_f16_tiling(const int64_t *dims, const
 }
 
 static opgen_status_t k_embedding_backward_f16_launch(const opgen_buf_t *bufs, const k_embedding_backward_f16_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward_f16: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward_f16");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward_f16)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[7].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward_f16");
 }
@@ -513,8 +513,8 @@ static opgen_status_t k_embedding_backward_f16_streamed_tiling(const int64_t *di
 }
 
 static opgen_status_t k_embedding_backward_f16_streamed_launch(const opgen_buf_t *bufs, const k_embedding_backward_f16_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward_f16_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward_f16_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward_f16_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[7].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward_f16_streamed");
 }
@@ -1044,8 +1044,8 @@ static opgen_status_t k_embedding_backward_bf16_tiling(const int64_t *dims, cons
 }
 
 static opgen_status_t k_embedding_backward_bf16_launch(const opgen_buf_t *bufs, const k_embedding_backward_bf16_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward_bf16: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward_bf16");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward_bf16)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[7].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward_bf16");
 }
@@ -1283,8 +1283,8 @@ static opgen_status_t k_embedding_backward_bf16_streamed_tiling(const int64_t *d
 }
 
 static opgen_status_t k_embedding_backward_bf16_streamed_launch(const opgen_buf_t *bufs, const k_embedding_backward_bf16_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward_bf16_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward_bf16_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward_bf16_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[7].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward_bf16_streamed");
 }
@@ -1806,8 +1806,8 @@ static opgen_status_t k_embedding_backward_f32_tiling(const int64_t *dims, const
 }
 
 static opgen_status_t k_embedding_backward_f32_launch(const opgen_buf_t *bufs, const k_embedding_backward_f32_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward_f32: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward_f32");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward_f32)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[7].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward_f32");
 }
@@ -2037,8 +2037,8 @@ static opgen_status_t k_embedding_backward_f32_streamed_tiling(const int64_t *di
 }
 
 static opgen_status_t k_embedding_backward_f32_streamed_launch(const opgen_buf_t *bufs, const k_embedding_backward_f32_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward_f32_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward_f32_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward_f32_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[7].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward_f32_streamed");
 }
@@ -2565,8 +2565,8 @@ static opgen_status_t k_embedding_backward__i2_f16_tiling(const int64_t *dims, c
 }
 
 static opgen_status_t k_embedding_backward__i2_f16_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_f16_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_f16: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_f16");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_f16)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_f16");
 }
@@ -2801,8 +2801,8 @@ static opgen_status_t k_embedding_backward__i2_f16_streamed_tiling(const int64_t
 }
 
 static opgen_status_t k_embedding_backward__i2_f16_streamed_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_f16_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_f16_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_f16_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_f16_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_f16_streamed");
 }
@@ -3329,8 +3329,8 @@ static opgen_status_t k_embedding_backward__i2_bf16_tiling(const int64_t *dims, 
 }
 
 static opgen_status_t k_embedding_backward__i2_bf16_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_bf16_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_bf16: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_bf16");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_bf16)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_bf16");
 }
@@ -3565,8 +3565,8 @@ static opgen_status_t k_embedding_backward__i2_bf16_streamed_tiling(const int64_
 }
 
 static opgen_status_t k_embedding_backward__i2_bf16_streamed_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_bf16_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_bf16_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_bf16_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_bf16_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_bf16_streamed");
 }
@@ -4085,8 +4085,8 @@ static opgen_status_t k_embedding_backward__i2_f32_tiling(const int64_t *dims, c
 }
 
 static opgen_status_t k_embedding_backward__i2_f32_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_f32_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_f32: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_f32");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_f32)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_f32");
 }
@@ -4313,8 +4313,8 @@ static opgen_status_t k_embedding_backward__i2_f32_streamed_tiling(const int64_t
 }
 
 static opgen_status_t k_embedding_backward__i2_f32_streamed_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_f32_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_f32_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_f32_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_f32_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_f32_streamed");
 }
@@ -4844,8 +4844,8 @@ static opgen_status_t k_embedding_backward__dtable2_f16_tiling(const int64_t *di
 }
 
 static opgen_status_t k_embedding_backward__dtable2_f16_launch(const opgen_buf_t *bufs, const k_embedding_backward__dtable2_f16_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__dtable2_f16: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__dtable2_f16");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__dtable2_f16)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__dtable2_f16");
 }
@@ -5083,8 +5083,8 @@ static opgen_status_t k_embedding_backward__dtable2_f16_streamed_tiling(const in
 }
 
 static opgen_status_t k_embedding_backward__dtable2_f16_streamed_launch(const opgen_buf_t *bufs, const k_embedding_backward__dtable2_f16_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__dtable2_f16_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__dtable2_f16_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__dtable2_f16_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__dtable2_f16_streamed");
 }
@@ -5614,8 +5614,8 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_tiling(const int64_t *d
 }
 
 static opgen_status_t k_embedding_backward__dtable2_bf16_launch(const opgen_buf_t *bufs, const k_embedding_backward__dtable2_bf16_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__dtable2_bf16: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__dtable2_bf16");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__dtable2_bf16)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__dtable2_bf16");
 }
@@ -5853,8 +5853,8 @@ static opgen_status_t k_embedding_backward__dtable2_bf16_streamed_tiling(const i
 }
 
 static opgen_status_t k_embedding_backward__dtable2_bf16_streamed_launch(const opgen_buf_t *bufs, const k_embedding_backward__dtable2_bf16_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__dtable2_bf16_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__dtable2_bf16_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__dtable2_bf16_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__dtable2_bf16_streamed");
 }
@@ -6376,8 +6376,8 @@ static opgen_status_t k_embedding_backward__dtable2_f32_tiling(const int64_t *di
 }
 
 static opgen_status_t k_embedding_backward__dtable2_f32_launch(const opgen_buf_t *bufs, const k_embedding_backward__dtable2_f32_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__dtable2_f32: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__dtable2_f32");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__dtable2_f32)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__dtable2_f32");
 }
@@ -6607,8 +6607,8 @@ static opgen_status_t k_embedding_backward__dtable2_f32_streamed_tiling(const in
 }
 
 static opgen_status_t k_embedding_backward__dtable2_f32_streamed_launch(const opgen_buf_t *bufs, const k_embedding_backward__dtable2_f32_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__dtable2_f32_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__dtable2_f32_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__dtable2_f32_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__dtable2_f32_streamed");
 }
@@ -7135,8 +7135,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_part0_tiling(const in
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f16_part0_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_dtable2_f16_part0_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_dtable2_f16_part0: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_dtable2_f16_part0");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_dtable2_f16_part0)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_dtable2_f16_part0");
 }
@@ -7371,8 +7371,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_part0_streamed_tiling
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f16_part0_streamed_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_dtable2_f16_part0_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_dtable2_f16_part0_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_dtable2_f16_part0_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_dtable2_f16_part0_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_dtable2_f16_part0_streamed");
 }
@@ -7659,8 +7659,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_part1_tiling(const in
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f16_part1_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_dtable2_f16_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_dtable2_f16_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_dtable2_f16_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_dtable2_f16_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_dtable2_f16_part1");
 }
@@ -7895,8 +7895,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16_part1_streamed_tiling
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f16_part1_streamed_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_dtable2_f16_part1_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_dtable2_f16_part1_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_dtable2_f16_part1_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_dtable2_f16_part1_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_dtable2_f16_part1_streamed");
 }
@@ -8557,8 +8557,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part0_tiling(const i
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part0_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_dtable2_bf16_part0_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_dtable2_bf16_part0: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_dtable2_bf16_part0");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_dtable2_bf16_part0)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_dtable2_bf16_part0");
 }
@@ -8793,8 +8793,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part0_streamed_tilin
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part0_streamed_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_dtable2_bf16_part0_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_dtable2_bf16_part0_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_dtable2_bf16_part0_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_dtable2_bf16_part0_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_dtable2_bf16_part0_streamed");
 }
@@ -9081,8 +9081,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part1_tiling(const i
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part1_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_dtable2_bf16_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_dtable2_bf16_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_dtable2_bf16_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_dtable2_bf16_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_dtable2_bf16_part1");
 }
@@ -9317,8 +9317,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part1_streamed_tilin
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_bf16_part1_streamed_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_dtable2_bf16_part1_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_dtable2_bf16_part1_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_dtable2_bf16_part1_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_dtable2_bf16_part1_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_dtable2_bf16_part1_streamed");
 }
@@ -9971,8 +9971,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_part0_tiling(const in
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f32_part0_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_dtable2_f32_part0_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_dtable2_f32_part0: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_dtable2_f32_part0");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_dtable2_f32_part0)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_dtable2_f32_part0");
 }
@@ -10199,8 +10199,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_part0_streamed_tiling
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f32_part0_streamed_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_dtable2_f32_part0_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_dtable2_f32_part0_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_dtable2_f32_part0_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_dtable2_f32_part0_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_dtable2_f32_part0_streamed");
 }
@@ -10479,8 +10479,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_part1_tiling(const in
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f32_part1_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_dtable2_f32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_dtable2_f32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_dtable2_f32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_dtable2_f32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_dtable2_f32_part1");
 }
@@ -10707,8 +10707,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32_part1_streamed_tiling
 }
 
 static opgen_status_t k_embedding_backward__i2_dtable2_f32_part1_streamed_launch(const opgen_buf_t *bufs, const k_embedding_backward__i2_dtable2_f32_part1_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_backward__i2_dtable2_f32_part1_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_backward__i2_dtable2_f32_part1_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_backward__i2_dtable2_f32_part1_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[7].data, bufs[8].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_backward__i2_dtable2_f32_part1_streamed");
 }

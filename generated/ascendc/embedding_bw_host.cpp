@@ -207,8 +207,8 @@ static opgen_status_t k_embedding_bw_bf16_tiling(const int64_t *dims, const opge
 }
 
 static opgen_status_t k_embedding_bw_bf16_launch(const opgen_buf_t *bufs, const k_embedding_bw_bf16_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_bw_bf16: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_bw_bf16");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_bw_bf16)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_bw_bf16");
 }
@@ -405,8 +405,8 @@ static opgen_status_t k_embedding_bw_bf16_streamed_tiling(const int64_t *dims, c
 }
 
 static opgen_status_t k_embedding_bw_bf16_streamed_launch(const opgen_buf_t *bufs, const k_embedding_bw_bf16_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_bw_bf16_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_bw_bf16_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_bw_bf16_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_bw_bf16_streamed");
 }
@@ -738,8 +738,8 @@ static opgen_status_t k_embedding_bw_f32_tiling(const int64_t *dims, const opgen
 }
 
 static opgen_status_t k_embedding_bw_f32_launch(const opgen_buf_t *bufs, const k_embedding_bw_f32_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_bw_f32: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_bw_f32");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_bw_f32)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_bw_f32");
 }
@@ -928,8 +928,8 @@ static opgen_status_t k_embedding_bw_f32_streamed_tiling(const int64_t *dims, co
 }
 
 static opgen_status_t k_embedding_bw_f32_streamed_launch(const opgen_buf_t *bufs, const k_embedding_bw_f32_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_embedding_bw_f32_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_embedding_bw_f32_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_embedding_bw_f32_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, ws, ws);
     return opgen_ascendc_launched("k_embedding_bw_f32_streamed");
 }

@@ -212,8 +212,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -613,8 +613,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part1");
 }
@@ -1010,8 +1010,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part2");
 }
@@ -1159,8 +1159,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -1560,8 +1560,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part1");
 }
@@ -1957,8 +1957,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part2");
 }
@@ -2106,8 +2106,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -2507,8 +2507,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part1");
 }
@@ -2904,8 +2904,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part2");
 }
@@ -3053,8 +3053,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -3454,8 +3454,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part1");
 }
@@ -3851,8 +3851,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part2");
 }
@@ -4000,8 +4000,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i3
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -4401,8 +4401,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i3
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part1");
 }
@@ -4798,8 +4798,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i3
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part2");
 }
@@ -4947,8 +4947,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i6
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -5348,8 +5348,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i6
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part1");
 }
@@ -5745,8 +5745,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i6
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part2");
 }
@@ -5894,8 +5894,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -6295,8 +6295,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part1");
 }
@@ -6692,8 +6692,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part2");
 }
@@ -6841,8 +6841,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -7242,8 +7242,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part1");
 }
@@ -7639,8 +7639,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part2");
 }
@@ -7788,8 +7788,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -8262,8 +8262,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part1");
 }
@@ -8732,8 +8732,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part2");
 }
@@ -8881,8 +8881,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -9355,8 +9355,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part1");
 }
@@ -9825,8 +9825,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part2");
 }
@@ -9974,8 +9974,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -10448,8 +10448,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part1");
 }
@@ -10918,8 +10918,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part2");
 }
@@ -11067,8 +11067,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -11541,8 +11541,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part1");
 }
@@ -12011,8 +12011,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part2");
 }
@@ -12160,8 +12160,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -12634,8 +12634,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part1");
 }
@@ -13104,8 +13104,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part2");
 }
@@ -13253,8 +13253,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -13727,8 +13727,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part1");
 }
@@ -14197,8 +14197,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part2");
 }
@@ -14346,8 +14346,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -14820,8 +14820,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part1");
 }
@@ -15290,8 +15290,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part2");
 }
@@ -15439,8 +15439,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -15913,8 +15913,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part1");
 }
@@ -16383,8 +16383,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part2");
 }
@@ -16532,8 +16532,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -16933,8 +16933,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part1");
 }
@@ -17330,8 +17330,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part2");
 }
@@ -17479,8 +17479,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -17880,8 +17880,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part1");
 }
@@ -18277,8 +18277,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part2");
 }
@@ -18426,8 +18426,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -18827,8 +18827,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part1");
 }
@@ -19224,8 +19224,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part2");
 }
@@ -19373,8 +19373,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -19774,8 +19774,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part1");
 }
@@ -20171,8 +20171,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part2");
 }
@@ -20320,8 +20320,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -20721,8 +20721,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part1");
 }
@@ -21118,8 +21118,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part2");
 }
@@ -21267,8 +21267,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -21668,8 +21668,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part1");
 }
@@ -22065,8 +22065,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part2");
 }
@@ -22214,8 +22214,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -22615,8 +22615,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part1");
 }
@@ -23012,8 +23012,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part2");
 }
@@ -23161,8 +23161,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -23562,8 +23562,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part1");
 }
@@ -23959,8 +23959,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part2");
 }
@@ -24108,8 +24108,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -24509,8 +24509,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part1");
 }
@@ -24906,8 +24906,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part2");
 }
@@ -25055,8 +25055,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -25456,8 +25456,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part1");
 }
@@ -25853,8 +25853,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part2");
 }
@@ -26002,8 +26002,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -26403,8 +26403,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part1");
 }
@@ -26800,8 +26800,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part2");
 }
@@ -26949,8 +26949,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -27350,8 +27350,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part1");
 }
@@ -27747,8 +27747,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part2");
 }
@@ -27896,8 +27896,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -28297,8 +28297,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part1");
 }
@@ -28694,8 +28694,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part2");
 }
@@ -28843,8 +28843,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -29244,8 +29244,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part1");
 }
@@ -29641,8 +29641,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part2");
 }
@@ -29790,8 +29790,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -30191,8 +30191,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part1");
 }
@@ -30588,8 +30588,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part2");
 }
@@ -30737,8 +30737,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -31138,8 +31138,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part1");
 }
@@ -31535,8 +31535,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part2");
 }
@@ -31684,8 +31684,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -32085,8 +32085,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part1");
 }
@@ -32482,8 +32482,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part2");
 }
@@ -32631,8 +32631,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -33032,8 +33032,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part1");
 }
@@ -33429,8 +33429,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part2");
 }
@@ -33578,8 +33578,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -33979,8 +33979,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part1");
 }
@@ -34376,8 +34376,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part2");
 }
@@ -34525,8 +34525,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -34926,8 +34926,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part1");
 }
@@ -35323,8 +35323,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part2");
 }
@@ -35472,8 +35472,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -35873,8 +35873,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part1");
 }
@@ -36270,8 +36270,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part2");
 }
@@ -36419,8 +36419,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -36820,8 +36820,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part1");
 }
@@ -37217,8 +37217,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part2");
 }
@@ -37366,8 +37366,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -37767,8 +37767,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part1");
 }
@@ -38164,8 +38164,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part2");
 }
@@ -38313,8 +38313,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_check_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_check_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_check: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_check");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_check)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws);
     opgen_status_t st = opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_check");
     if (st != OPGEN_SUCCESS) return st;
@@ -38714,8 +38714,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part1_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part1_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part1: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part1");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part1)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part1");
 }
@@ -39111,8 +39111,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 }
 
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part2_launch(const opgen_buf_t *bufs, const k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part2_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws + tl->sys_ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part2: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws + tl->sys_ws, tl, sizeof *tl, stream, "k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part2");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part2)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[3].data, bufs[4].data, bufs[6].data, bufs[7].data, bufs[8].data, bufs[9].data, bufs[10].data, ws, ws + tl->sys_ws);
     return opgen_ascendc_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part2");
 }

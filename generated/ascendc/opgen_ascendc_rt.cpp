@@ -49,6 +49,16 @@ int64_t opgen_ascendc_sys_ws_bytes(void) {
     return (int64_t)platform_ascendc::PlatformAscendCManager::GetInstance()->GetLibApiWorkSpaceSize();
 }
 
+opgen_status_t opgen_ascendc_put_tiling(char *dst, const void *tl, size_t n, void *stream, const char *what) {
+    /* the stream's earlier work may still read a tiling at `dst` (a workspace reused by calls
+       queued on one stream): it finishes first, then the synchronous copy */
+    if (aclrtSynchronizeStream((aclrtStream)stream) != ACL_SUCCESS)
+        return opgen_fail(OPGEN_ERR_INTERNAL, "%s: the stream's earlier work failed", what);
+    if (aclrtMemcpy(dst, n, tl, n, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
+        return opgen_fail(OPGEN_ERR_INTERNAL, "%s: cannot copy the tiling data", what);
+    return OPGEN_SUCCESS;
+}
+
 opgen_status_t opgen_ascendc_check_flags(const char *flags, int64_t cores, void *stream, int32_t *bad) {
     *bad = 0;
     if (aclrtSynchronizeStream((aclrtStream)stream) != ACL_SUCCESS)
@@ -99,8 +109,8 @@ opgen_status_t opgen_ascendc_indices(opgen_buf_t *b, opgen_dtype_t dtype, int64_
         tl.bound = bound;
         tl.chunks = (n + OPGEN_INDEX_CHUNK - 1) / OPGEN_INDEX_CHUNK;
         tl.block_dim = tl.chunks < opgen_ascendc_cores() ? tl.chunks : opgen_ascendc_cores();
-        if (aclrtMemcpy(ws, sizeof tl, &tl, sizeof tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-            return opgen_fail(OPGEN_ERR_INTERNAL, "%s: cannot copy the index tiling data", op);
+        st = opgen_ascendc_put_tiling(ws, &tl, sizeof tl, stream, op);
+        if (st != OPGEN_SUCCESS) return st;
         switch (dtype) {
         case OPGEN_F32:
             ACLRT_LAUNCH_KERNEL(opgen_index_f32)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, flags, ws);

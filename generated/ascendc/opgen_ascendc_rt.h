@@ -98,6 +98,8 @@ int64_t opgen_ascendc_cores(void);
 int64_t opgen_ascendc_ub_bytes(void);
 /* Bytes of system workspace the Matmul API needs before a cube kernel's own workspace. */
 int64_t opgen_ascendc_sys_ws_bytes(void);
+/* The tiling data `tl` (n bytes) into device memory at `dst`, after the stream's earlier work. */
+opgen_status_t opgen_ascendc_put_tiling(char *dst, const void *tl, size_t n, void *stream, const char *what);
 /* Waits for a check kernel on `stream` and ORs the failed-check bits of its `cores` 32-byte slots. */
 opgen_status_t opgen_ascendc_check_flags(const char *flags, int64_t cores, void *stream, int32_t *bad);
 /* Index tensors (opgen/tile/indices.py): the workspace one conversion of n indices takes; the

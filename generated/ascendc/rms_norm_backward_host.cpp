@@ -307,8 +307,8 @@ static opgen_status_t k_rms_norm_backward_f16_tiling(const int64_t *dims, const 
 }
 
 static opgen_status_t k_rms_norm_backward_f16_launch(const opgen_buf_t *bufs, const k_rms_norm_backward_f16_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_rms_norm_backward_f16: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_rms_norm_backward_f16");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_rms_norm_backward_f16)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[4].data, bufs[5].data, ws, ws);
     return opgen_ascendc_launched("k_rms_norm_backward_f16");
 }
@@ -587,8 +587,8 @@ static opgen_status_t k_rms_norm_backward_f16_streamed_tiling(const int64_t *dim
 }
 
 static opgen_status_t k_rms_norm_backward_f16_streamed_launch(const opgen_buf_t *bufs, const k_rms_norm_backward_f16_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_rms_norm_backward_f16_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_rms_norm_backward_f16_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_rms_norm_backward_f16_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[4].data, bufs[5].data, ws, ws);
     return opgen_ascendc_launched("k_rms_norm_backward_f16_streamed");
 }
@@ -914,8 +914,8 @@ static opgen_status_t k_rms_norm_backward_f32_tiling(const int64_t *dims, const 
 }
 
 static opgen_status_t k_rms_norm_backward_f32_launch(const opgen_buf_t *bufs, const k_rms_norm_backward_f32_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_rms_norm_backward_f32: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_rms_norm_backward_f32");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_rms_norm_backward_f32)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[4].data, bufs[5].data, ws, ws);
     return opgen_ascendc_launched("k_rms_norm_backward_f32");
 }
@@ -1180,8 +1180,8 @@ static opgen_status_t k_rms_norm_backward_f32_streamed_tiling(const int64_t *dim
 }
 
 static opgen_status_t k_rms_norm_backward_f32_streamed_launch(const opgen_buf_t *bufs, const k_rms_norm_backward_f32_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_rms_norm_backward_f32_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_rms_norm_backward_f32_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_rms_norm_backward_f32_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[4].data, bufs[5].data, ws, ws);
     return opgen_ascendc_launched("k_rms_norm_backward_f32_streamed");
 }
@@ -1528,8 +1528,8 @@ static opgen_status_t k_rms_norm_backward_bf16_tiling(const int64_t *dims, const
 }
 
 static opgen_status_t k_rms_norm_backward_bf16_launch(const opgen_buf_t *bufs, const k_rms_norm_backward_bf16_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_rms_norm_backward_bf16: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_rms_norm_backward_bf16");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_rms_norm_backward_bf16)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[4].data, bufs[5].data, ws, ws);
     return opgen_ascendc_launched("k_rms_norm_backward_bf16");
 }
@@ -1808,8 +1808,8 @@ static opgen_status_t k_rms_norm_backward_bf16_streamed_tiling(const int64_t *di
 }
 
 static opgen_status_t k_rms_norm_backward_bf16_streamed_launch(const opgen_buf_t *bufs, const k_rms_norm_backward_bf16_streamed_tiling_t *tl, char *ws, void *stream) {
-    if (aclrtMemcpy(ws, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)
-        return opgen_fail(OPGEN_ERR_INTERNAL, "k_rms_norm_backward_bf16_streamed: cannot copy the tiling data");
+    opgen_status_t put = opgen_ascendc_put_tiling(ws, tl, sizeof *tl, stream, "k_rms_norm_backward_bf16_streamed");
+    if (put != OPGEN_SUCCESS) return put;
     ACLRT_LAUNCH_KERNEL(k_rms_norm_backward_bf16_streamed)((uint32_t)tl->block_dim, (aclrtStream)stream, bufs[0].data, bufs[1].data, bufs[2].data, bufs[4].data, bufs[5].data, ws, ws);
     return opgen_ascendc_launched("k_rms_norm_backward_bf16_streamed");
 }

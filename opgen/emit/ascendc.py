@@ -753,8 +753,8 @@ class AscendPrinter:
         return "\n".join([
             f"static opgen_status_t {self.inst}_launch(const opgen_buf_t *bufs, const {self.inst}_tiling_t *tl, "
             "char *ws, void *stream) {",
-            f"    if (aclrtMemcpy({at}, sizeof *tl, tl, sizeof *tl, ACL_MEMCPY_HOST_TO_DEVICE) != ACL_SUCCESS)",
-            f'        return opgen_fail(OPGEN_ERR_INTERNAL, "{self.inst}: cannot copy the tiling data");',
+            f'    opgen_status_t put = opgen_ascendc_put_tiling({at}, tl, sizeof *tl, stream, "{self.inst}");',
+            "    if (put != OPGEN_SUCCESS) return put;",
             f"    ACLRT_LAUNCH_KERNEL({self.inst})((uint32_t)tl->block_dim, (aclrtStream)stream, "
             f"{', '.join([*ptrs, at])});",
             *self.read_checks(),
