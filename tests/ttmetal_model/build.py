@@ -1,0 +1,82 @@
+"""Build a TT-Metal host program against opgen's CPU model of TT-Metal (g++, C++20) into an executable.
+
+``build_host(sources, out_dir)`` writes ``sources`` (file name -> text; ``.cpp`` files without
+``kernel_main`` are compiled and linked, the rest — kernels, headers — are only written) under ``out_dir/src`` and links
+``out_dir/<exe_name>``. The host code includes ``tt-metalium/host_api.hpp`` (the model's
+``tt::tt_metal`` subset plus ``ttmodel::dram_alloc/dram_ptr/run``). Its ``CreateKernel(program, path,
+...)`` compiles each kernel source at run time, as tt-metal's JIT does: one shared object per (source,
+role, CT args, defines, fp32_dest_acc_en), cached under ``out_dir/kernels`` (override with
+``OPGEN_TT_KERNEL_CACHE``) by a key over the source, the flags and the model's headers. Kernels see the
+model's ``api/dataflow/dataflow_api.h`` and ``api/compute/*.h`` at the vendor include paths.
+
+A rule violation aborts the process (``ttmetal-model: rule N (name): ...``), so run programs in a
+subprocess. The executable itself is cached by a hash of its sources, the flags and the model headers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FLAGS = ["-std=c++20", "-O1", "-pthread", "-ffp-contract=off", "-fno-strict-aliasing", "-Wall",
+         "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
+
+
+class ModelBuildError(RuntimeError):
+    pass
+
+
+def cxx() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++")
+
+
+def model_hash() -> str:
+    """A hash of every model header: kernels compiled against older headers are rebuilt."""
+    h = hashlib.sha256()
+    for p in sorted([*HERE.rglob("*.h"), *HERE.rglob("*.hpp")]):
+        h.update(p.relative_to(HERE).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _write(path: Path, text: str) -> None:
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def build_host(sources: Mapping[str, str], out_dir: Path, *, exe_name: str = "host",
+               extra_flags: Iterable[str] = ()) -> Path:
+    """Write ``sources`` under ``out_dir/src``, compile the ``.cpp`` ones with the model and return the executable."""
+    tool = cxx()
+    if tool is None:
+        raise ModelBuildError("no C++ compiler (g++) found")
+    out_dir = Path(out_dir).resolve()
+    src_dir = out_dir / "src"
+    cpps = []
+    for name, text in sources.items():
+        dst = src_dir / name
+        _write(dst, text)
+        if dst.suffix in (".cpp", ".cc") and "kernel_main" not in text:
+            cpps.append(dst)
+    mh = model_hash()
+    defines = [f'-DOPGEN_TT_MODEL_DIR="{HERE}"', f'-DOPGEN_TT_CXX="{tool}"',
+               f'-DOPGEN_TT_KERNEL_CACHE="{out_dir / "kernels"}"', f'-DOPGEN_TT_MODEL_HASH="{mh}"']
+    cmd = [tool, *FLAGS, *extra_flags, *defines, f"-I{HERE}", f"-I{src_dir}", *map(str, cpps), "-ldl",
+           "-o"]
+    key = hashlib.sha256("\0".join([*cmd, *(p.read_text() for p in cpps)]).encode()).hexdigest()[:16]
+    exe = out_dir / exe_name
+    stamp = exe.with_suffix(".stamp")
+    if exe.is_file() and stamp.is_file() and stamp.read_text() == key:
+        return exe
+    tmp = exe.with_name(exe.name + f".tmp{os.getpid()}")
+    r = subprocess.run([*cmd, str(tmp)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ModelBuildError(f"{' '.join(cmd)}\n{(r.stdout + r.stderr)[-6000:]}")
+    os.replace(tmp, exe)
+    stamp.write_text(key)
+    return exe

@@ -1,0 +1,429 @@
+/* ttmetal_model_compute.h — opgen's TT-Metal CPU model of the compute kernel API (0.81.1 spellings;
+ * docs/ttmetal_model.md). Every api/compute/... header of the model includes this one file.
+ *
+ * One thread runs the whole compute kernel (the three TRISCs of silicon run the same code and each
+ * ignores the others' calls; the model runs it once). DST holds 16 tiles of float; a tile is 1024
+ * values in the 4-face layout of L1. Numerics (rule 6, documented, not checked against silicon):
+ * FPU operands (add/sub/mul/bcast/reduce, and copy_tile unless UnpackToDestFp32 with fp32_dest_acc_en)
+ * from a Float32 CB are truncated to TF32; Float16_b operands are exact; every value stored in DST is
+ * rounded to bf16 (nearest even) unless fp32_dest_acc_en; SFPU ops compute in f32; pack_tile converts
+ * to the CB's format (RNE). */
+#ifndef OPGEN_TTMETAL_MODEL_COMPUTE_H
+#define OPGEN_TTMETAL_MODEL_COMPUTE_H
+
+#include <cstdint>
+#include <string>
+
+#include "ttmetal_model.h"
+
+#ifndef DST_ACCUM_MODE
+#define DST_ACCUM_MODE 0
+#endif
+
+namespace ckernel {
+enum class PoolType : std::uint8_t { SUM, AVG, MAX, MIN };
+enum class ReduceDim : std::uint8_t { REDUCE_ROW, REDUCE_COL, REDUCE_SCALAR };
+enum class EltwiseBinaryType : std::uint8_t { ELWMUL, ELWDIV, ELWADD, ELWSUB };
+enum class BroadcastType : std::uint8_t { NONE = 0, COL = 1, ROW = 2, SCALAR = 3 };
+enum class VectorMode : std::uint8_t { None = 0, R = 1, C = 2, RC = 4, RC_custom = 6 };
+enum class RsqrtMode { Default, Fast };
+}  // namespace ckernel
+using namespace ckernel;
+
+namespace ttmodel {
+
+inline ComputeState &cstate(Thread &t, const char *fn) {
+    if (!t.cs) fail(0, "model", "%s: a compute API called from a %s kernel", fn, role_name(t.role));
+    return *t.cs;
+}
+/* a compute call other than CB calls: compute_kernel_hw_startup must have run (rule 5) */
+inline ComputeState &started(Thread &t, const char *fn) {
+    ComputeState &s = cstate(t, fn);
+    if (!s.started) fail(5, "init", "%s before compute_kernel_hw_startup (it must be the first compute call)", fn);
+    return s;
+}
+inline uint32_t tile_bytes(tt::DataFormat f) {
+    switch (f) {
+    case tt::DataFormat::Float32: return 4096;
+    case tt::DataFormat::Float16_b: return 2048;
+    default: fail(0, "model", "compute on CB format %s: the model computes with Float32 and Float16_b only", format_name(f));
+    }
+}
+inline CB &tile_cb(Thread &t, uint32_t id, const char *fn) {
+    CB &c = cb_of(t, id);
+    if (c.page != tile_bytes(c.format))
+        fail(1, "CB", "%s: CB %u holds %s tiles of %u B but its page size is %u B", fn, id, format_name(c.format),
+             tile_bytes(c.format), c.page);
+    return c;
+}
+/* tile `itile` of the pages waited for on CB `id` (rule 1: itile < waited) */
+inline const uint8_t *in_tile(Thread &t, uint32_t id, uint32_t itile, const char *fn) {
+    std::lock_guard<std::mutex> lk(t.core->m);
+    CB &c = tile_cb(t, id, fn);
+    if (itile >= c.waited) fail(1, "CB", "%s: tile %u of CB %u but only %u pages are waited for (cb_wait_front)", fn, itile, id, c.waited);
+    return l1_ptr(c.rd_ptr() + itile * c.page);
+}
+inline float load(tt::DataFormat f, const uint8_t *p, uint32_t i) {
+    if (f == tt::DataFormat::Float32) { float v; memcpy(&v, p + 4 * i, 4); return v; }
+    uint16_t b;
+    memcpy(&b, p + 2 * i, 2);
+    return bf16_bits_to_f32(b);
+}
+inline void store(tt::DataFormat f, uint8_t *p, uint32_t i, float v) {
+    if (f == tt::DataFormat::Float32) { memcpy(p + 4 * i, &v, 4); return; }
+    uint16_t b = f32_to_bf16_bits(v);
+    memcpy(p + 2 * i, &b, 2);
+}
+/* an FPU operand (SrcA/SrcB): TF32 for Float32 data [unchecked] */
+inline float fpu_operand(tt::DataFormat f, const uint8_t *p, uint32_t i) {
+    float v = load(f, p, i);
+    return f == tt::DataFormat::Float32 ? trunc_tf32(v) : v;
+}
+inline float to_dst(const Core &c, float v) { return c.fp32_dest_acc ? v : round_bf16(v); }
+
+/* a math op writing/reading DST[idst]: inside acquire..commit (rule 4), idst < capacity (rule 4) */
+inline ComputeState &math(Thread &t, const char *fn, uint32_t idst) {
+    ComputeState &s = started(t, fn);
+    if (s.state != DST_ACQUIRED) fail(4, "DST protocol", "%s outside tile_regs_acquire ... tile_regs_commit", fn);
+    if (idst >= t.core->dst_tiles())
+        fail(4, "DST protocol", "%s: DST index %u out of range: DST holds %u tiles (%s, %s)", fn, idst, t.core->dst_tiles(),
+             t.core->fp32_dest_acc ? "fp32_dest_acc_en" : "16-bit", t.core->dst_full_sync ? "full-sync" : "half-sync");
+    return s;
+}
+inline void need_valid(Thread &t, ComputeState &s, uint32_t idst, const char *fn) {
+    if (idst >= t.core->dst_tiles())
+        fail(4, "DST protocol", "%s: DST index %u out of range: DST holds %u tiles", fn, idst, t.core->dst_tiles());
+    if (!s.valid[idst]) fail(4, "DST protocol", "%s reads DST[%u], which was not written since tile_regs_acquire", fn, idst);
+}
+/* FPU init bookkeeping (rule 5) */
+inline void fpu_init(Thread &t, const std::string &kind, uint32_t cb0, int cb1, const char *fn) {
+    ComputeState &s = started(t, fn);
+    s.fpu_init = kind;
+    s.fpu_fmt[0] = cb_of(t, cb0).format;
+    s.fpu_fmt[1] = cb1 >= 0 ? cb_of(t, (uint32_t)cb1).format : tt::DataFormat::Invalid;
+    s.sfpu_init.clear();
+}
+inline void fpu_check(Thread &t, ComputeState &s, const std::string &kind, uint32_t cb0, int cb1, const char *fn) {
+    if (s.fpu_init != kind)
+        fail(5, "init", "%s needs %s_init since the last FPU init (the last one was %s)", fn, kind.c_str(),
+             s.fpu_init.empty() ? "none" : (s.fpu_init + "_init").c_str());
+    tt::DataFormat f0 = cb_of(t, cb0).format, f1 = cb1 >= 0 ? cb_of(t, (uint32_t)cb1).format : tt::DataFormat::Invalid;
+    if (f0 != s.fpu_fmt[0] || f1 != s.fpu_fmt[1])
+        fail(5, "init", "%s: the CB data formats (%s, %s) differ from those of its %s_init (%s, %s)", fn, format_name(f0),
+             cb1 >= 0 ? format_name(f1) : "-", kind.c_str(), format_name(s.fpu_fmt[0]),
+             cb1 >= 0 ? format_name(s.fpu_fmt[1]) : "-");
+}
+inline void sfpu_init(Thread &t, const char *family, const char *fn) { started(t, fn).sfpu_init = family; }
+inline ComputeState &sfpu(Thread &t, const char *family, const char *fn, uint32_t idst) {
+    ComputeState &s = math(t, fn, idst);
+    if (s.sfpu_init != family)
+        fail(5, "init", "%s needs %s_init since the last FPU init or other SFPU init (the last SFPU init was %s)", fn, family,
+             s.sfpu_init.empty() ? "none" : (s.sfpu_init + "_init").c_str());
+    return s;
+}
+
+/* element-wise FPU ops, optional broadcast of B (dim: NONE / ROW = B's row 0 / COL = B's column 0 / SCALAR = B[0][0]) */
+inline void fpu_binary(EltwiseBinaryType op, BroadcastType dim, uint32_t a, uint32_t b, uint32_t ia, uint32_t ib, uint32_t idst,
+                       const std::string &kind, const char *fn, int line, uint32_t row_idx = 0) {
+    Thread &t = self(line);
+    ComputeState &s = math(t, fn, idst);
+    fpu_check(t, s, kind, a, (int)b, fn);
+    const uint8_t *pa = in_tile(t, a, ia, fn), *pb = in_tile(t, b, ib, fn);
+    tt::DataFormat fa = cb_of(t, a).format, fb = cb_of(t, b).format;
+    for (uint32_t r = 0; r < 32; r++)
+        for (uint32_t c = 0; c < 32; c++) {
+            uint32_t i = tile_index(r, c);
+            uint32_t j = dim == BroadcastType::NONE ? i : dim == BroadcastType::ROW ? tile_index(row_idx, c)
+                       : dim == BroadcastType::COL ? tile_index(r, 0) : tile_index(0, 0);
+            float x = fpu_operand(fa, pa, i), y = fpu_operand(fb, pb, j);
+            float v = op == EltwiseBinaryType::ELWADD ? x + y : op == EltwiseBinaryType::ELWSUB ? x - y : x * y;
+            s.dst[idst][i] = to_dst(*t.core, v);
+        }
+    s.valid[idst] = true;
+    s.from_reduce[idst] = false;
+}
+inline const char *op_name(EltwiseBinaryType op) {
+    return op == EltwiseBinaryType::ELWADD ? "add" : op == EltwiseBinaryType::ELWSUB ? "sub" : op == EltwiseBinaryType::ELWMUL ? "mul" : "div";
+}
+inline std::string bcast_kind(EltwiseBinaryType op, BroadcastType dim) {
+    return std::string(op_name(op)) + (dim == BroadcastType::ROW ? "_bcast_rows" : dim == BroadcastType::COL ? "_bcast_cols" : "_bcast_scalar");
+}
+inline void sfpu_unary(const char *family, const char *fn, uint32_t idst, int line, float (*f)(float, uint32_t), uint32_t param = 0) {
+    Thread &t = self(line);
+    ComputeState &s = sfpu(t, family, fn, idst);
+    need_valid(t, s, idst, fn);
+    for (uint32_t i = 0; i < kTileElems; i++) s.dst[idst][i] = to_dst(*t.core, f(s.dst[idst][i], param));
+}
+inline void sfpu_binary(const char *family, const char *fn, uint32_t i0, uint32_t i1, uint32_t o, int line, float (*f)(float, float)) {
+    Thread &t = self(line);
+    ComputeState &s = sfpu(t, family, fn, o);
+    need_valid(t, s, i0, fn);
+    need_valid(t, s, i1, fn);
+    for (uint32_t i = 0; i < kTileElems; i++) s.dst[o][i] = to_dst(*t.core, f(s.dst[i0][i], s.dst[i1][i]));
+    s.valid[o] = true;
+    s.from_reduce[o] = false;
+}
+
+}  // namespace ttmodel
+
+/* ---- startup, register protocol, pack ---- */
+inline void compute_kernel_hw_startup(uint32_t icb0, uint32_t icb1, uint32_t ocb, int line = __builtin_LINE()) {
+    ttmodel::Thread &t = ttmodel::self(line);
+    ttmodel::ComputeState &s = ttmodel::cstate(t, "compute_kernel_hw_startup");
+    ttmodel::cb_of(t, icb0), ttmodel::cb_of(t, icb1), ttmodel::cb_of(t, ocb);
+    s.started = true;
+}
+inline void compute_kernel_hw_startup(uint32_t icb0, uint32_t ocb, int line = __builtin_LINE()) {
+    compute_kernel_hw_startup(icb0, icb0, ocb, line);
+}
+inline void tile_regs_acquire(int line = __builtin_LINE()) {
+    ttmodel::Thread &t = ttmodel::self(line);
+    ttmodel::ComputeState &s = ttmodel::started(t, "tile_regs_acquire");
+    if (s.state != ttmodel::DST_IDLE) ttmodel::fail(4, "DST protocol", "tile_regs_acquire before tile_regs_release of the previous section");
+    s.state = ttmodel::DST_ACQUIRED;
+    memset(s.dst, 0, sizeof s.dst); /* the packer leaves DST zeroed */
+    for (int i = 0; i < 16; i++) s.valid[i] = s.from_reduce[i] = false;
+}
+inline void tile_regs_commit(int line = __builtin_LINE()) {
+    ttmodel::Thread &t = ttmodel::self(line);
+    ttmodel::ComputeState &s = ttmodel::started(t, "tile_regs_commit");
+    if (s.state != ttmodel::DST_ACQUIRED) ttmodel::fail(4, "DST protocol", "tile_regs_commit without tile_regs_acquire");
+    s.state = ttmodel::DST_COMMITTED;
+}
+inline void tile_regs_wait(int line = __builtin_LINE()) {
+    ttmodel::Thread &t = ttmodel::self(line);
+    ttmodel::ComputeState &s = ttmodel::started(t, "tile_regs_wait");
+    if (s.state != ttmodel::DST_COMMITTED) ttmodel::fail(4, "DST protocol", "tile_regs_wait without tile_regs_commit");
+    s.state = ttmodel::DST_WAITED;
+}
+inline void tile_regs_release(int line = __builtin_LINE()) {
+    ttmodel::Thread &t = ttmodel::self(line);
+    ttmodel::ComputeState &s = ttmodel::started(t, "tile_regs_release");
+    if (s.state != ttmodel::DST_WAITED) ttmodel::fail(4, "DST protocol", "tile_regs_release without tile_regs_wait");
+    s.state = ttmodel::DST_IDLE;
+}
+template <bool out_of_order_output = false, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void pack_tile(uint32_t ifrom_dst, uint32_t icb, uint32_t output_tile_index = 0, int line = __builtin_LINE()) {
+    using namespace ttmodel;
+    Thread &t = self(line);
+    ComputeState &s = started(t, "pack_tile");
+    if (s.state != DST_WAITED) fail(4, "DST protocol", "pack_tile outside tile_regs_wait ... tile_regs_release");
+    need_valid(t, s, ifrom_dst, "pack_tile");
+    if (s.reduce_mask >= 0 && !s.from_reduce[ifrom_dst])
+        fail(5, "init", "pack_tile of DST[%u] (not a reduce result) after reduce_init without reduce_uninit: the packer still masks the reduce edge",
+             ifrom_dst);
+    uint8_t *p;
+    tt::DataFormat f;
+    {
+        std::lock_guard<std::mutex> lk(t.core->m);
+        CB &c = tile_cb(t, icb, "pack_tile");
+        uint32_t pos = out_of_order_output ? output_tile_index : c.packed;
+        if (pos >= c.reserved)
+            fail(1, "CB", "pack_tile into position %u of CB %u but only %u pages are reserved (cb_reserve_back)", pos, icb, c.reserved);
+        if (!out_of_order_output) c.packed++;
+        p = l1_ptr(c.wr_ptr() + pos * c.page);
+        f = c.format;
+    }
+    for (uint32_t r = 0; r < 32; r++)
+        for (uint32_t cc = 0; cc < 32; cc++) {
+            uint32_t i = tile_index(r, cc);
+            float v = s.dst[ifrom_dst][i];
+            if (s.reduce_mask == (int)ReduceDim::REDUCE_ROW && cc != 0) v = 0.0f;
+            if (s.reduce_mask == (int)ReduceDim::REDUCE_COL && r != 0) v = 0.0f;
+            store(f, p, i, v);
+        }
+}
+inline void pack_init(uint32_t, int = __builtin_LINE()) {}
+
+/* data-format reconfiguration: the model does not track unpacker/packer formats (docs: unchecked) */
+inline void reconfig_data_format(uint32_t, uint32_t) {}
+inline void reconfig_data_format(uint32_t, uint32_t, uint32_t, uint32_t) {}
+inline void reconfig_data_format_srca(uint32_t) {}
+inline void reconfig_data_format_srca(uint32_t, uint32_t) {}
+inline void reconfig_data_format_srcb(uint32_t) {}
+inline void reconfig_data_format_srcb(uint32_t, uint32_t) {}
+inline void pack_reconfig_data_format(uint32_t) {}
+inline void pack_reconfig_data_format(uint32_t, uint32_t) {}
+
+/* ---- copy ---- */
+template <bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void copy_init(uint32_t cbid, uint32_t transpose = 0, uint32_t transpose_within_16x16_face = 0,
+                      uint32_t call_line = __builtin_LINE()) {
+    ttmodel::Thread &t = ttmodel::self((int)call_line);
+    if (transpose || transpose_within_16x16_face) ttmodel::fail(0, "model", "copy_init with transpose is not modelled");
+    ttmodel::fpu_init(t, "copy", cbid, -1, "copy_init");
+}
+inline void copy_tile(uint32_t in_cb_id, uint32_t in_tile_index, uint32_t dst_tile_index, int line = __builtin_LINE()) {
+    using namespace ttmodel;
+    Thread &t = self(line);
+    ComputeState &s = math(t, "copy_tile", dst_tile_index);
+    fpu_check(t, s, "copy", in_cb_id, -1, "copy_tile");
+    const uint8_t *p = in_tile(t, in_cb_id, in_tile_index, "copy_tile");
+    tt::DataFormat f = cb_of(t, in_cb_id).format;
+    bool exact = t.core->fp32_dest_acc && t.core->unpack_to_dest_fp32[in_cb_id];
+    for (uint32_t i = 0; i < kTileElems; i++) s.dst[dst_tile_index][i] = to_dst(*t.core, exact ? load(f, p, i) : fpu_operand(f, p, i));
+    s.valid[dst_tile_index] = true;
+    s.from_reduce[dst_tile_index] = false;
+}
+
+/* ---- element-wise binary (FPU) ---- */
+inline void add_init(uint32_t a, uint32_t b, bool = false, uint32_t call_line = __builtin_LINE()) {
+    ttmodel::fpu_init(ttmodel::self((int)call_line), "add", a, (int)b, "add_init");
+}
+inline void sub_init(uint32_t a, uint32_t b, bool = false, uint32_t call_line = __builtin_LINE()) {
+    ttmodel::fpu_init(ttmodel::self((int)call_line), "sub", a, (int)b, "sub_init");
+}
+inline void mul_init(uint32_t a, uint32_t b, bool = true, uint32_t call_line = __builtin_LINE()) {
+    ttmodel::fpu_init(ttmodel::self((int)call_line), "mul", a, (int)b, "mul_init");
+}
+#define OPGEN_TT_ELTWISE(NAME, OP)                                                                                           \
+    template <bool is_fp32_dest_acc_en = DST_ACCUM_MODE>                                                                    \
+    inline void NAME##_tiles(uint32_t icb0, uint32_t icb1, uint32_t itile0, uint32_t itile1, uint32_t idst,                  \
+                             int line = __builtin_LINE()) {                                                                 \
+        ttmodel::fpu_binary(EltwiseBinaryType::OP, BroadcastType::NONE, icb0, icb1, itile0, itile1, idst, #NAME,             \
+                            #NAME "_tiles", line);                                                                          \
+    }
+OPGEN_TT_ELTWISE(add, ELWADD)
+OPGEN_TT_ELTWISE(sub, ELWSUB)
+OPGEN_TT_ELTWISE(mul, ELWMUL)
+#undef OPGEN_TT_ELTWISE
+
+/* ---- broadcast (FPU) ---- */
+template <EltwiseBinaryType op, BroadcastType dim>
+inline void bcast_init(uint32_t a, uint32_t b, uint32_t call_line = __builtin_LINE()) {
+    ttmodel::fpu_init(ttmodel::self((int)call_line), ttmodel::bcast_kind(op, dim), a, (int)b, "bcast_init");
+}
+#define OPGEN_TT_BCAST(NAME, OP, DIMNAME, DIM)                                                                               \
+    inline void NAME##_bcast_##DIMNAME##_init(uint32_t icb0, uint32_t icb1, uint32_t call_line = __builtin_LINE()) {          \
+        ttmodel::fpu_init(ttmodel::self((int)call_line), #NAME "_bcast_" #DIMNAME, icb0, (int)icb1,                          \
+                          #NAME "_bcast_" #DIMNAME "_init");                                                                \
+    }
+#define OPGEN_TT_BCAST_TILES(NAME, OP, DIMNAME, DIM)                                                                         \
+    template <bool is_fp32_dest_acc_en = DST_ACCUM_MODE>                                                                    \
+    inline void NAME##_tiles_bcast_##DIMNAME(uint32_t icb0, uint32_t icb1, uint32_t itile0, uint32_t itile1, uint32_t idst,  \
+                                             int line = __builtin_LINE()) {                                                 \
+        ttmodel::fpu_binary(EltwiseBinaryType::OP, BroadcastType::DIM, icb0, icb1, itile0, itile1, idst,                     \
+                            #NAME "_bcast_" #DIMNAME, #NAME "_tiles_bcast_" #DIMNAME, line);                                \
+    }
+#define OPGEN_TT_BCAST_ALL(NAME, OP)                                                                                         \
+    OPGEN_TT_BCAST(NAME, OP, rows, ROW)                                                                                      \
+    OPGEN_TT_BCAST(NAME, OP, cols, COL)                                                                                      \
+    OPGEN_TT_BCAST(NAME, OP, scalar, SCALAR)                                                                                 \
+    OPGEN_TT_BCAST_TILES(NAME, OP, cols, COL)                                                                                \
+    OPGEN_TT_BCAST_TILES(NAME, OP, scalar, SCALAR)                                                                           \
+    template <bool is_fp32_dest_acc_en = DST_ACCUM_MODE>                                                                    \
+    inline void NAME##_tiles_bcast_rows(uint32_t icb0, uint32_t icb1, uint32_t itile0, uint32_t itile1, uint32_t idst,       \
+                                        uint32_t bcast_row_idx = 0, int line = __builtin_LINE()) {                          \
+        ttmodel::fpu_binary(EltwiseBinaryType::OP, BroadcastType::ROW, icb0, icb1, itile0, itile1, idst,                     \
+                            #NAME "_bcast_rows", #NAME "_tiles_bcast_rows", line, bcast_row_idx);                           \
+    }                                                                                                                       \
+    template <BroadcastType dim, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>                                                 \
+    inline void NAME##_tiles_bcast(uint32_t icb0, uint32_t icb1, uint32_t itile0, uint32_t itile1, uint32_t idst,            \
+                                   int line = __builtin_LINE()) {                                                           \
+        ttmodel::fpu_binary(EltwiseBinaryType::OP, dim, icb0, icb1, itile0, itile1, idst,                                    \
+                            ttmodel::bcast_kind(EltwiseBinaryType::OP, dim), #NAME "_tiles_bcast", line);                   \
+    }
+OPGEN_TT_BCAST_ALL(add, ELWADD)
+OPGEN_TT_BCAST_ALL(sub, ELWSUB)
+OPGEN_TT_BCAST_ALL(mul, ELWMUL)
+#undef OPGEN_TT_BCAST_ALL
+#undef OPGEN_TT_BCAST_TILES
+#undef OPGEN_TT_BCAST
+
+/* ---- reduce (FPU): SUM over rows (result in column 0) or columns (result in row 0), times the scaler ---- */
+template <PoolType reduce_type, ReduceDim reduce_dim, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void reduce_init(uint32_t icb, uint32_t icb_scaler, uint32_t ocb, uint32_t call_line = __builtin_LINE()) {
+    ttmodel::Thread &t = ttmodel::self((int)call_line);
+    static_assert(reduce_type == PoolType::SUM, "opgen TT model: reduce models PoolType::SUM only");
+    static_assert(reduce_dim != ReduceDim::REDUCE_SCALAR, "opgen TT model: reduce models REDUCE_ROW and REDUCE_COL only");
+    ttmodel::cb_of(t, ocb);
+    ttmodel::fpu_init(t, reduce_dim == ReduceDim::REDUCE_ROW ? "reduce_sum_row" : "reduce_sum_col", icb, (int)icb_scaler, "reduce_init");
+    t.cs->reduce_mask = (int)reduce_dim;
+}
+inline void reduce_uninit(uint32_t = 0, int line = __builtin_LINE()) {
+    ttmodel::Thread &t = ttmodel::self(line);
+    ttmodel::started(t, "reduce_uninit").reduce_mask = -1;
+}
+template <PoolType reduce_type, ReduceDim reduce_dim, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void reduce_tile(uint32_t icb, uint32_t icb_scaler, uint32_t itile, uint32_t itile_scaler, uint32_t idst,
+                        int line = __builtin_LINE()) {
+    using namespace ttmodel;
+    Thread &t = self(line);
+    ComputeState &s = math(t, "reduce_tile", idst);
+    const bool row = reduce_dim == ReduceDim::REDUCE_ROW;
+    fpu_check(t, s, row ? "reduce_sum_row" : "reduce_sum_col", icb, (int)icb_scaler, "reduce_tile");
+    const uint8_t *pa = in_tile(t, icb, itile, "reduce_tile"), *ps = in_tile(t, icb_scaler, itile_scaler, "reduce_tile");
+    tt::DataFormat fa = cb_of(t, icb).format;
+    float scaler = fpu_operand(cb_of(t, icb_scaler).format, ps, 0); /* element (0,0) [unchecked: silicon uses row 0 of each face] */
+    bool first = !s.from_reduce[idst];
+    for (uint32_t k = 0; k < 32; k++) {
+        float acc = 0.0f;
+        for (uint32_t j = 0; j < 32; j++) acc += fpu_operand(fa, pa, row ? tile_index(k, j) : tile_index(j, k)) * scaler;
+        uint32_t o = row ? tile_index(k, 0) : tile_index(0, k);
+        s.dst[idst][o] = to_dst(*t.core, s.dst[idst][o] + acc); /* DST accumulates (zero after acquire) */
+    }
+    if (first) /* outside the result column/row DST holds no defined value: NaN */
+        for (uint32_t r = 0; r < 32; r++)
+            for (uint32_t c = 0; c < 32; c++)
+                if (row ? c != 0 : r != 0) s.dst[idst][tile_index(r, c)] = NAN;
+    s.valid[idst] = true;
+    s.from_reduce[idst] = true;
+}
+
+/* ---- SFPU unary ---- */
+template <bool legacy = false, bool fast = false>
+inline void rsqrt_tile_init(int line = __builtin_LINE()) { ttmodel::sfpu_init(ttmodel::self(line), "rsqrt_tile", "rsqrt_tile_init"); }
+template <RsqrtMode mode = RsqrtMode::Default, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void rsqrt_tile(uint32_t idst, int line = __builtin_LINE()) {
+    ttmodel::sfpu_unary("rsqrt_tile", "rsqrt_tile", idst, line, [](float x, uint32_t) { return 1.0f / sqrtf(x); });
+}
+template <bool legacy = false>
+inline void recip_tile_init(int line = __builtin_LINE()) { ttmodel::sfpu_init(ttmodel::self(line), "recip_tile", "recip_tile_init"); }
+template <bool legacy = false>
+inline void recip_tile(uint32_t idst, VectorMode = VectorMode::RC, int line = __builtin_LINE()) {
+    ttmodel::sfpu_unary("recip_tile", "recip_tile", idst, line, [](float x, uint32_t) { return 1.0f / x; });
+}
+inline void binop_with_scalar_tile_init(int line = __builtin_LINE()) {
+    ttmodel::sfpu_init(ttmodel::self(line), "binop_with_scalar_tile", "binop_with_scalar_tile_init");
+}
+#define OPGEN_TT_UNARY_SCALAR(NAME, EXPR)                                                                                    \
+    inline void NAME##_unary_tile(uint32_t idst, uint32_t param1, int line = __builtin_LINE()) {                             \
+        ttmodel::sfpu_unary("binop_with_scalar_tile", #NAME "_unary_tile", idst, line, [](float x, uint32_t p) {             \
+            float s = ttmodel::bits_f32(p);                                                                                 \
+            return EXPR;                                                                                                    \
+        }, param1);                                                                                                         \
+    }
+OPGEN_TT_UNARY_SCALAR(add, x + s)
+OPGEN_TT_UNARY_SCALAR(sub, x - s)
+OPGEN_TT_UNARY_SCALAR(mul, x * s)
+OPGEN_TT_UNARY_SCALAR(div, x / s)
+OPGEN_TT_UNARY_SCALAR(rsub, s - x)
+#undef OPGEN_TT_UNARY_SCALAR
+inline void fill_tile_init(int line = __builtin_LINE()) { ttmodel::sfpu_init(ttmodel::self(line), "fill_tile", "fill_tile_init"); }
+inline void fill_tile_bitcast(uint32_t idst, uint32_t bits, int line = __builtin_LINE()) {
+    using namespace ttmodel;
+    Thread &t = self(line);
+    ComputeState &s = sfpu(t, "fill_tile", "fill_tile", idst);
+    for (uint32_t i = 0; i < kTileElems; i++) s.dst[idst][i] = to_dst(*t.core, bits_f32(bits));
+    s.valid[idst] = true;
+    s.from_reduce[idst] = false;
+}
+inline void fill_tile(uint32_t idst, float param0, int line = __builtin_LINE()) { fill_tile_bitcast(idst, ttmodel::f32_bits(param0), line); }
+
+/* ---- SFPU binary (DST op DST -> DST, f32) ---- */
+#define OPGEN_TT_SFPU_BINARY(NAME, EXPR)                                                                                     \
+    inline void NAME##_binary_tile_init(int line = __builtin_LINE()) {                                                       \
+        ttmodel::sfpu_init(ttmodel::self(line), #NAME "_binary_tile", #NAME "_binary_tile_init");                            \
+    }                                                                                                                       \
+    inline void NAME##_binary_tile(uint32_t idst0, uint32_t idst1, uint32_t odst, int line = __builtin_LINE()) {             \
+        ttmodel::sfpu_binary(#NAME "_binary_tile", #NAME "_binary_tile", idst0, idst1, odst, line,                           \
+                             [](float x, float y) { return EXPR; });                                                        \
+    }
+OPGEN_TT_SFPU_BINARY(add, x + y)
+OPGEN_TT_SFPU_BINARY(sub, x - y)
+OPGEN_TT_SFPU_BINARY(mul, x * y)
+OPGEN_TT_SFPU_BINARY(div, x / y)
+OPGEN_TT_SFPU_BINARY(rsub, y - x)
+#undef OPGEN_TT_SFPU_BINARY
+
+#endif /* OPGEN_TTMETAL_MODEL_COMPUTE_H */
