@@ -6,7 +6,11 @@ subprocesses (a rule violation aborts the process).
 * bf16 and f32 (fp32_dest_acc_en) results against numpy.
 * Every rule of the model broken once (``RULE=<case>`` define / host argument): the process aborts
   with ``ttmetal-model: rule N (name): ...``; case 0 is the positive control.
-* The same kernels through ``shared/tools/tt-kernel-check --werror`` (real 0.81.1 headers), when the
+* A second program (``rms_*`` kernels): per 32-row block rstd = rsqrt(mean(x*x) + eps) (reduce ROW,
+  mul/add_unary, rsqrt), y = x * rstd (bcast cols) * w (bcast rows), column sums (reduce COL), and
+  e = (x - w) * recip(x*x + 1) in DST (copy_tile, SFPU binary ops, fill_tile, recip), bf16 and f32,
+  against float64 numpy; then the same program on 2-4 cores must give the 1-core bytes exactly.
+* All kernels through ``shared/tools/tt-kernel-check --werror`` (real 0.81.1 headers), when the
   tool is present, to keep the spellings honest.
 """
 
@@ -380,17 +384,22 @@ CHECKER = CHECKER if CHECKER.is_file() else Path("/work/shared/tools/tt-kernel-c
 @pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
 def test_kernels_pass_the_real_header_check(tmp_path):
     """The hand-written kernels compile clean against the real 0.81.1 headers (installs itself on first use)."""
+    f32 = ("--fp32-dest-acc", "--default-format", "Float32", "--cb-format", "2=Float16_b")
     src = {"reader.cpp": (READER, "reader", "2,2048,2,2048"), "writer.cpp": (WRITER, "writer", "2,2048,2,2048"),
-           "compute.cpp": (COMPUTE, "compute", "3,1056964608")}
+           "compute.cpp": (COMPUTE, "compute", "3,1056964608"),
+           "rms_reader.cpp": (RMS_READER, "reader", "2,2048,2,2048"),
+           "rms_writer.cpp": (RMS_WRITER, "writer", "2,2048,2,2048,2,2048,2,2048"),
+           "rms_compute.cpp": (RMS_COMPUTE, "compute", "3,1009429163,1015021568"),
+           "rms_compute_f32.cpp": (RMS_COMPUTE, "compute", "3,1009429163,1015021568", *f32)}
     inst = subprocess.run([str(CHECKER), "--install"], capture_output=True, text=True, timeout=600)
     if inst.returncode != 0:
         pytest.skip(f"tt-kernel-check --install failed: {inst.stdout[-400:]}{inst.stderr[-400:]}")
 
     def check(item):
-        name, (text, role, ct) = item
+        name, (text, role, ct, *extra) = item
         p = tmp_path / name
         p.write_text(text)
-        return name, subprocess.run([str(CHECKER), "--role", role, "--ct-args", ct, "--werror", str(p)],
+        return name, subprocess.run([str(CHECKER), "--role", role, "--ct-args", ct, *extra, "--werror", str(p)],
                                     capture_output=True, text=True, timeout=300)
 
     with ThreadPoolExecutor(max_workers=3) as ex:
