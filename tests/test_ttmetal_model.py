@@ -6,7 +6,11 @@ subprocesses (a rule violation aborts the process).
 * bf16 and f32 (fp32_dest_acc_en) results against numpy.
 * Every rule of the model broken once (``RULE=<case>`` define / host argument): the process aborts
   with ``ttmetal-model: rule N (name): ...``; case 0 is the positive control.
-* The same kernels through ``shared/tools/tt-kernel-check --werror`` (real 0.81.1 headers), when the
+* A second program (``rms_*`` kernels): per 32-row block rstd = rsqrt(mean(x*x) + eps) (reduce ROW,
+  mul/add_unary, rsqrt), y = x * rstd (bcast cols) * w (bcast rows), column sums (reduce COL), and
+  e = (x - w) * recip(x*x + 1) in DST (copy_tile, SFPU binary ops, fill_tile, recip), bf16 and f32,
+  against float64 numpy; then the same program on 2-4 cores must give the 1-core bytes exactly.
+* All kernels through ``shared/tools/tt-kernel-check --werror`` (real 0.81.1 headers), when the
   tool is present, to keep the spellings honest.
 """
 
@@ -380,19 +384,426 @@ CHECKER = CHECKER if CHECKER.is_file() else Path("/work/shared/tools/tt-kernel-c
 @pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
 def test_kernels_pass_the_real_header_check(tmp_path):
     """The hand-written kernels compile clean against the real 0.81.1 headers (installs itself on first use)."""
+    f32 = ("--fp32-dest-acc", "--default-format", "Float32", "--cb-format", "2=Float16_b")
     src = {"reader.cpp": (READER, "reader", "2,2048,2,2048"), "writer.cpp": (WRITER, "writer", "2,2048,2,2048"),
-           "compute.cpp": (COMPUTE, "compute", "3,1056964608")}
+           "compute.cpp": (COMPUTE, "compute", "3,1056964608"),
+           "rms_reader.cpp": (RMS_READER, "reader", "2,2048,2,2048"),
+           "rms_writer.cpp": (RMS_WRITER, "writer", "2,2048,2,2048,2,2048,2,2048"),
+           "rms_compute.cpp": (RMS_COMPUTE, "compute", "3,1009429163,1015021568"),
+           "rms_compute_f32.cpp": (RMS_COMPUTE, "compute", "3,1009429163,1015021568", *f32)}
     inst = subprocess.run([str(CHECKER), "--install"], capture_output=True, text=True, timeout=600)
     if inst.returncode != 0:
         pytest.skip(f"tt-kernel-check --install failed: {inst.stdout[-400:]}{inst.stderr[-400:]}")
 
     def check(item):
-        name, (text, role, ct) = item
+        name, (text, role, ct, *extra) = item
         p = tmp_path / name
         p.write_text(text)
-        return name, subprocess.run([str(CHECKER), "--role", role, "--ct-args", ct, "--werror", str(p)],
+        return name, subprocess.run([str(CHECKER), "--role", role, "--ct-args", ct, *extra, "--werror", str(p)],
                                     capture_output=True, text=True, timeout=300)
 
     with ThreadPoolExecutor(max_workers=3) as ex:
         for name, r in ex.map(check, src.items()):
             assert r.returncode == 0, f"{name}:\n{r.stdout}{r.stderr}"
+
+
+# ---- a second program: RMSNorm-like blocks, column sums, copy_tile + SFPU binary/fill/recip, on 1..4 cores ----
+
+RMS_READER = r"""
+// reader: w (Wt tiles) -> c_1 once, a bf16 scaler tile (1.0 in row 0 of each face) -> c_2 once,
+// then per block of this core: the block's Wt x tiles -> c_0
+#include <cstdint>
+#include "api/dataflow/dataflow_api.h"
+
+void kernel_main() {
+    const uint32_t x_addr = get_arg_val<uint32_t>(0);
+    const uint32_t w_addr = get_arg_val<uint32_t>(1);
+    const uint32_t first_block = get_arg_val<uint32_t>(2);
+    const uint32_t n_blocks = get_arg_val<uint32_t>(3);
+    const uint32_t Wt = get_arg_val<uint32_t>(4);
+    constexpr uint32_t cb_x = tt::CBIndex::c_0, cb_w = tt::CBIndex::c_1, cb_one = tt::CBIndex::c_2;
+    constexpr auto x_args = TensorAccessorArgs<0>();
+    constexpr auto w_args = TensorAccessorArgs<x_args.next_compile_time_args_offset()>();
+    const uint32_t tile = get_tile_size(cb_x);
+    const auto x = TensorAccessor(x_args, x_addr, tile);
+    const auto w = TensorAccessor(w_args, w_addr, get_tile_size(cb_w));
+
+    cb_reserve_back(cb_one, 1);
+    volatile tt_l1_ptr uint32_t* one = reinterpret_cast<volatile tt_l1_ptr uint32_t*>(get_write_ptr(cb_one));
+    for (uint32_t i = 0; i < 512; ++i) one[i] = 0;
+    for (uint32_t f = 0; f < 4; ++f)
+        for (uint32_t k = 0; k < 8; ++k) one[f * 128 + k] = 0x3f803f80u;
+    cb_push_back(cb_one, 1);
+
+    cb_reserve_back(cb_w, Wt);
+    for (uint32_t t = 0; t < Wt; ++t) noc_async_read_page(t, w, get_write_ptr(cb_w) + t * tile);
+    noc_async_read_barrier();
+    cb_push_back(cb_w, Wt);
+
+    for (uint32_t b = 0; b < n_blocks; ++b) {
+        cb_reserve_back(cb_x, Wt);
+        const uint32_t l1 = get_write_ptr(cb_x);
+        for (uint32_t t = 0; t < Wt; ++t) noc_async_read_page((first_block + b) * Wt + t, x, l1 + t * tile);
+        noc_async_read_barrier();
+        cb_push_back(cb_x, Wt);
+    }
+}
+"""
+
+RMS_COMPUTE = r"""
+// compute, per 32-row block of x (Wt tiles):
+//   rstd = rsqrt(rowsum(x*x) * inv_d + eps)       (mul_tiles, reduce ROW, mul/add_unary, rsqrt) -> c_17
+//   y    = (x * rstd[bcast cols]) * w[bcast rows] (w: row 0 of its Wt tiles)                   -> c_16
+//   cs   = column sums of each x tile             (reduce COL)                                 -> c_18
+//   e    = (x - w) * recip(x*x + 1)               (copy_tile, SFPU binary, fill, recip)        -> c_19
+#include <cstdint>
+#include "api/compute/common.h"
+#include "api/compute/compute_kernel_hw_startup.h"
+#include "api/compute/tile_move_copy.h"
+#include "api/compute/eltwise_binary.h"
+#include "api/compute/eltwise_binary_sfpu.h"
+#include "api/compute/bcast.h"
+#include "api/compute/reduce.h"
+#include "api/compute/eltwise_unary/eltwise_unary.h"
+#include "api/compute/eltwise_unary/rsqrt.h"
+#include "api/compute/eltwise_unary/recip.h"
+#include "api/compute/eltwise_unary/fill.h"
+#include "api/compute/eltwise_unary/binop_with_scalar.h"
+#include "api/compute/reconfig_data_format.h"
+#include "api/compute/reg_api.h"
+#include "api/compute/pack.h"
+#include "api/compute/cb_api.h"
+
+void kernel_main() {
+    constexpr uint32_t Wt = get_compile_time_arg_val(0);
+    constexpr uint32_t inv_d_bits = get_compile_time_arg_val(1);
+    constexpr uint32_t eps_bits = get_compile_time_arg_val(2);
+    const uint32_t n_blocks = get_arg_val<uint32_t>(0);
+    constexpr uint32_t cb_x = tt::CBIndex::c_0, cb_w = tt::CBIndex::c_1, cb_one = tt::CBIndex::c_2;
+    constexpr uint32_t cb_y = tt::CBIndex::c_16, cb_rstd_out = tt::CBIndex::c_17, cb_cs = tt::CBIndex::c_18;
+    constexpr uint32_t cb_e = tt::CBIndex::c_19;
+    constexpr uint32_t cb_xx = tt::CBIndex::c_24, cb_rstd = tt::CBIndex::c_25, cb_xr = tt::CBIndex::c_26;
+
+    compute_kernel_hw_startup(cb_x, cb_x, cb_y);
+    cb_wait_front(cb_one, 1);
+    cb_wait_front(cb_w, Wt);
+    for (uint32_t b = 0; b < n_blocks; ++b) {
+        cb_wait_front(cb_x, Wt);
+
+        // x*x -> cb_xx (Wt tiles)
+        reconfig_data_format(cb_x, cb_x);
+        mul_init(cb_x, cb_x);
+        cb_reserve_back(cb_xx, Wt);
+        for (uint32_t t = 0; t < Wt; ++t) {
+            tile_regs_acquire();
+            mul_tiles(cb_x, cb_x, t, t, 0);
+            tile_regs_commit();
+            tile_regs_wait();
+            pack_tile(0, cb_xx);
+            tile_regs_release();
+        }
+        cb_push_back(cb_xx, Wt);
+
+        // rstd = rsqrt(mean(x*x) + eps), column 0 valid
+        cb_wait_front(cb_xx, Wt);
+        reconfig_data_format(cb_one, cb_xx);
+        reduce_init<PoolType::SUM, ReduceDim::REDUCE_ROW>(cb_xx, cb_one, cb_rstd);
+        tile_regs_acquire();
+        for (uint32_t t = 0; t < Wt; ++t) reduce_tile<PoolType::SUM, ReduceDim::REDUCE_ROW>(cb_xx, cb_one, t, 0, 0);
+        binop_with_scalar_tile_init();
+        mul_unary_tile(0, inv_d_bits);
+        add_unary_tile(0, eps_bits);
+        rsqrt_tile_init();
+        rsqrt_tile(0);
+        tile_regs_commit();
+        tile_regs_wait();
+        cb_reserve_back(cb_rstd, 1);
+        pack_tile(0, cb_rstd);
+        cb_push_back(cb_rstd, 1);
+        cb_reserve_back(cb_rstd_out, 1);
+        pack_tile(0, cb_rstd_out);
+        cb_push_back(cb_rstd_out, 1);
+        tile_regs_release();
+        reduce_uninit();
+        cb_pop_front(cb_xx, Wt);
+
+        // y = (x * rstd) * w
+        cb_wait_front(cb_rstd, 1);
+        for (uint32_t t = 0; t < Wt; ++t) {
+            reconfig_data_format(cb_x, cb_rstd);
+            mul_bcast_cols_init(cb_x, cb_rstd);
+            tile_regs_acquire();
+            mul_tiles_bcast_cols(cb_x, cb_rstd, t, 0, 0);
+            tile_regs_commit();
+            tile_regs_wait();
+            cb_reserve_back(cb_xr, 1);
+            pack_tile(0, cb_xr);
+            cb_push_back(cb_xr, 1);
+            tile_regs_release();
+
+            cb_wait_front(cb_xr, 1);
+            reconfig_data_format(cb_xr, cb_w);
+            mul_bcast_rows_init(cb_xr, cb_w);
+            tile_regs_acquire();
+            mul_tiles_bcast_rows(cb_xr, cb_w, 0, t, 0);
+            tile_regs_commit();
+            tile_regs_wait();
+            cb_reserve_back(cb_y, 1);
+            pack_tile(0, cb_y);
+            cb_push_back(cb_y, 1);
+            tile_regs_release();
+            cb_pop_front(cb_xr, 1);
+        }
+        cb_pop_front(cb_rstd, 1);
+
+        // column sums of each x tile, row 0 valid
+        reconfig_data_format(cb_x, cb_one);
+        reduce_init<PoolType::SUM, ReduceDim::REDUCE_COL>(cb_x, cb_one, cb_cs);
+        for (uint32_t t = 0; t < Wt; ++t) {
+            tile_regs_acquire();
+            reduce_tile<PoolType::SUM, ReduceDim::REDUCE_COL>(cb_x, cb_one, t, 0, 0);
+            tile_regs_commit();
+            tile_regs_wait();
+            cb_reserve_back(cb_cs, 1);
+            pack_tile(0, cb_cs);
+            cb_push_back(cb_cs, 1);
+            tile_regs_release();
+        }
+        reduce_uninit();
+
+        // e = (x - w) * recip(x*x + 1), all in DST
+        for (uint32_t t = 0; t < Wt; ++t) {
+            tile_regs_acquire();
+            copy_init(cb_x);
+            copy_tile(cb_x, t, 0);
+            copy_init(cb_w);
+            copy_tile(cb_w, t, 1);
+            mul_binary_tile_init();
+            mul_binary_tile(0, 0, 2);
+            fill_tile_init();
+            fill_tile(3, 1.0f);
+            add_binary_tile_init();
+            add_binary_tile(2, 3, 2);
+            recip_tile_init();
+            recip_tile(2);
+            sub_binary_tile_init();
+            sub_binary_tile(0, 1, 0);
+            mul_binary_tile_init();
+            mul_binary_tile(0, 2, 0);
+            tile_regs_commit();
+            tile_regs_wait();
+            cb_reserve_back(cb_e, 1);
+            pack_tile(0, cb_e);
+            cb_push_back(cb_e, 1);
+            tile_regs_release();
+        }
+        cb_pop_front(cb_x, Wt);
+    }
+    cb_pop_front(cb_w, Wt);
+    cb_pop_front(cb_one, 1);
+}
+"""
+
+RMS_WRITER = r"""
+// writer, per block g of this core: rstd page g, y / cs / e pages g*Wt + t
+#include <cstdint>
+#include "api/dataflow/dataflow_api.h"
+
+void kernel_main() {
+    const uint32_t y_addr = get_arg_val<uint32_t>(0);
+    const uint32_t rstd_addr = get_arg_val<uint32_t>(1);
+    const uint32_t cs_addr = get_arg_val<uint32_t>(2);
+    const uint32_t e_addr = get_arg_val<uint32_t>(3);
+    const uint32_t first_block = get_arg_val<uint32_t>(4);
+    const uint32_t n_blocks = get_arg_val<uint32_t>(5);
+    const uint32_t Wt = get_arg_val<uint32_t>(6);
+    constexpr uint32_t cb_y = tt::CBIndex::c_16, cb_rstd = tt::CBIndex::c_17, cb_cs = tt::CBIndex::c_18;
+    constexpr uint32_t cb_e = tt::CBIndex::c_19;
+    constexpr auto y_args = TensorAccessorArgs<0>();
+    constexpr auto rstd_args = TensorAccessorArgs<y_args.next_compile_time_args_offset()>();
+    constexpr auto cs_args = TensorAccessorArgs<rstd_args.next_compile_time_args_offset()>();
+    constexpr auto e_args = TensorAccessorArgs<cs_args.next_compile_time_args_offset()>();
+    const uint32_t tile = get_tile_size(cb_y);
+    const auto y = TensorAccessor(y_args, y_addr, tile);
+    const auto rstd = TensorAccessor(rstd_args, rstd_addr, tile);
+    const auto cs = TensorAccessor(cs_args, cs_addr, tile);
+    const auto e = TensorAccessor(e_args, e_addr, tile);
+    for (uint32_t b = 0; b < n_blocks; ++b) {
+        const uint32_t g = first_block + b;
+        cb_wait_front(cb_rstd, 1);
+        noc_async_write_page(g, rstd, get_read_ptr(cb_rstd));
+        noc_async_writes_flushed();
+        cb_pop_front(cb_rstd, 1);
+        for (uint32_t t = 0; t < Wt; ++t) {
+            cb_wait_front(cb_y, 1);
+            noc_async_write_page(g * Wt + t, y, get_read_ptr(cb_y));
+            noc_async_writes_flushed();
+            cb_pop_front(cb_y, 1);
+        }
+        for (uint32_t t = 0; t < Wt; ++t) {
+            cb_wait_front(cb_cs, 1);
+            noc_async_write_page(g * Wt + t, cs, get_read_ptr(cb_cs));
+            noc_async_writes_flushed();
+            cb_pop_front(cb_cs, 1);
+        }
+        for (uint32_t t = 0; t < Wt; ++t) {
+            cb_wait_front(cb_e, 1);
+            noc_async_write_page(g * Wt + t, e, get_read_ptr(cb_e));
+            noc_async_writes_flushed();
+            cb_pop_front(cb_e, 1);
+        }
+    }
+    noc_async_write_barrier();
+}
+"""
+
+RMS_HOST = r"""
+// host: argv = kernel_dir f32(0|1) n_blocks Wt n_cores in.bin out.bin
+// in = x (n_blocks*Wt tiles, block-major) then w (Wt tiles); out = y, rstd (n_blocks tiles), cs, e
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+#include <tt-metalium/host_api.hpp>
+
+using namespace tt::tt_metal;
+
+int main(int argc, char **argv) {
+    if (argc != 8) { fprintf(stderr, "usage\n"); return 2; }
+    const std::string dir = argv[1];
+    const bool f32 = atoi(argv[2]) != 0;
+    const uint32_t nb = (uint32_t)atoi(argv[3]), Wt = (uint32_t)atoi(argv[4]), ncores = (uint32_t)atoi(argv[5]);
+    const tt::DataFormat fmt = f32 ? tt::DataFormat::Float32 : tt::DataFormat::Float16_b;
+    const uint32_t page = f32 ? 4096 : 2048;
+    const uint32_t nx = nb * Wt;
+    std::vector<uint8_t> in((nx + Wt) * page);
+    FILE *fi = fopen(argv[6], "rb");
+    if (!fi || fread(in.data(), 1, in.size(), fi) != in.size()) { fprintf(stderr, "bad input\n"); return 2; }
+    fclose(fi);
+    uint32_t x = ttmodel::dram_alloc(nx * page), w = ttmodel::dram_alloc(Wt * page);
+    uint32_t y = ttmodel::dram_alloc(nx * page), rstd = ttmodel::dram_alloc(nb * page);
+    uint32_t cs = ttmodel::dram_alloc(nx * page), e = ttmodel::dram_alloc(nx * page);
+    memcpy(ttmodel::dram_ptr(x), in.data(), nx * page);
+    memcpy(ttmodel::dram_ptr(w), in.data() + nx * page, Wt * page);
+
+    Program program = CreateProgram();
+    CoreRange cores(CoreCoord{0, 0}, CoreCoord{ncores - 1, 0});
+    auto cb = [&](uint8_t idx, uint32_t pages, tt::DataFormat f, uint32_t pg) {
+        CreateCircularBuffer(program, cores, CircularBufferConfig(pages * pg, {{idx, f}}).set_page_size(idx, pg));
+    };
+    cb(tt::CBIndex::c_0, 2 * Wt, fmt, page);
+    cb(tt::CBIndex::c_1, Wt, fmt, page);
+    cb(tt::CBIndex::c_2, 1, tt::DataFormat::Float16_b, 2048);
+    cb(tt::CBIndex::c_16, 2, fmt, page);
+    cb(tt::CBIndex::c_17, 1, fmt, page);
+    cb(tt::CBIndex::c_18, 2, fmt, page);
+    cb(tt::CBIndex::c_19, 2, fmt, page);
+    cb(tt::CBIndex::c_24, Wt, fmt, page);
+    cb(tt::CBIndex::c_25, 1, fmt, page);
+    cb(tt::CBIndex::c_26, 1, fmt, page);
+    std::vector<uint32_t> rct{2, page, 2, page}, wct{2, page, 2, page, 2, page, 2, page};
+    auto reader = CreateKernel(program, dir + "/rms_reader.cpp", cores, ReaderDataMovementConfig(rct));
+    auto writer = CreateKernel(program, dir + "/rms_writer.cpp", cores, WriterDataMovementConfig(wct));
+    float inv_d = 1.0f / (32.0f * Wt), eps = 1.0f / 64;
+    uint32_t inv_d_bits, eps_bits;
+    memcpy(&inv_d_bits, &inv_d, 4);
+    memcpy(&eps_bits, &eps, 4);
+    auto compute = CreateKernel(program, dir + "/rms_compute.cpp", cores,
+                                ComputeConfig{.fp32_dest_acc_en = f32, .compile_args = {Wt, inv_d_bits, eps_bits}});
+    // blocks split over the cores: the first nb % ncores cores take one more
+    for (uint32_t c = 0, first = 0; c < ncores; ++c) {
+        const uint32_t n = nb / ncores + (c < nb % ncores ? 1 : 0);
+        CoreCoord core{c, 0};
+        SetRuntimeArgs(program, reader, core, {x, w, first, n, Wt});
+        SetRuntimeArgs(program, compute, core, {n});
+        SetRuntimeArgs(program, writer, core, {y, rstd, cs, e, first, n, Wt});
+        first += n;
+    }
+    ttmodel::run(program);
+
+    FILE *fo = fopen(argv[7], "wb");
+    fwrite(ttmodel::dram_ptr(y), 1, nx * page, fo);
+    fwrite(ttmodel::dram_ptr(rstd), 1, nb * page, fo);
+    fwrite(ttmodel::dram_ptr(cs), 1, nx * page, fo);
+    fwrite(ttmodel::dram_ptr(e), 1, nx * page, fo);
+    fclose(fo);
+    return 0;
+}
+"""
+
+RMS_NB, RMS_WT = 5, 3  # 5 blocks of 32 rows, D = 96
+
+
+def to_tiles(a: np.ndarray) -> np.ndarray:
+    """(32*nb, 32*Wt) -> nb*Wt tiles (block-major), each in the face layout, flattened."""
+    nb, wt = a.shape[0] // 32, a.shape[1] // 32
+    return tilize(a.reshape(nb, 32, wt, 32).transpose(0, 2, 1, 3).reshape(nb * wt * 32, 32))
+
+
+def from_tiles(t: np.ndarray, nb: int, wt: int) -> np.ndarray:
+    return untilize(t, nb * wt).reshape(nb, wt, 32, 32).transpose(0, 2, 1, 3).reshape(32 * nb, 32 * wt)
+
+
+@pytest.fixture(scope="module")
+def rms_host():
+    OUT.mkdir(parents=True, exist_ok=True)
+    return model_build.build_host({"rms_host.cpp": RMS_HOST, "rms_reader.cpp": RMS_READER,
+                                   "rms_compute.cpp": RMS_COMPUTE, "rms_writer.cpp": RMS_WRITER}, OUT,
+                                  exe_name="rms_host")
+
+
+def rms_inputs():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((32 * RMS_NB, 32 * RMS_WT)).astype(np.float32)
+    w = rng.standard_normal((32, 32 * RMS_WT)).astype(np.float32)  # bcast_rows reads row 0 only
+    return x, w
+
+
+def rms_run(host: Path, *, f32: bool, cores: int, tmp: Path) -> bytes:
+    dt = np.float32 if f32 else BF16
+    x, w = rms_inputs()
+    inp, out = tmp / f"rms_in{int(f32)}_{cores}.bin", tmp / f"rms_out{int(f32)}_{cores}.bin"
+    np.concatenate([to_tiles(x.astype(dt)), to_tiles(w.astype(dt))]).tofile(inp)
+    r = subprocess.run([str(host), str(OUT / "src"), str(int(f32)), str(RMS_NB), str(RMS_WT), str(cores), str(inp),
+                        str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return out.read_bytes()
+
+
+@pytest.mark.parametrize("f32", [False, True], ids=["bf16", "f32"])
+def test_rmsnorm_bcast_colsum_sfpu(rms_host, tmp_path, f32):
+    """rsqrt, mul/add_unary, bcast cols/rows, REDUCE_COL, copy_tile, fill, recip, SFPU binary vs numpy (float64)."""
+    nb, wt = RMS_NB, RMS_WT
+    dt = np.float32 if f32 else BF16
+    out = np.frombuffer(rms_run(rms_host, f32=f32, cores=1, tmp=tmp_path), dtype=dt).astype(np.float64)
+    n = nb * wt * 1024
+    y = from_tiles(out[:n], nb, wt)
+    rstd = untilize(out[n:n + nb * 1024], nb)
+    cs = from_tiles(out[n + nb * 1024:2 * n + nb * 1024], nb, wt)
+    e = from_tiles(out[2 * n + nb * 1024:], nb, wt)
+    x, w = (a.astype(dt).astype(np.float64) for a in rms_inputs())
+    d, eps = 32 * wt, 1.0 / 64
+    # f32: FPU operands are TF32 (10 mantissa bits); bf16: DST and the CBs round to bf16 after each step
+    tol = 4e-3 if f32 else 3e-2
+
+    ref_rstd = 1.0 / np.sqrt((x * x).mean(axis=1) + eps)  # per row
+    np.testing.assert_allclose(rstd[:, 0], ref_rstd, rtol=tol, atol=tol)
+    assert not rstd[:, 1:].any(), "the reduce-row result is packed with the edge mask (column 0 only)"
+    np.testing.assert_allclose(y, x * ref_rstd[:, None] * w[0][None, :], rtol=tol, atol=tol)
+
+    ref_cs = x.reshape(nb, 32, d).sum(axis=1)  # (nb, d): per block, per column
+    cs_rows = cs.reshape(nb, 32, d)
+    np.testing.assert_allclose(cs_rows[:, 0], ref_cs, rtol=tol, atol=2e-2 if f32 else 1e-1)
+    assert not cs_rows[:, 1:].any(), "the reduce-col result is packed with the edge mask (row 0 only)"
+
+    wfull = np.tile(w, (nb, 1))
+    np.testing.assert_allclose(e, (x - wfull) / (x * x + 1.0), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("f32", [False, True], ids=["bf16", "f32"])
+def test_multicore_matches_single_core(rms_host, tmp_path, f32):
+    """The same program on 2, 3 and 4 cores (blocks split by RT args, uneven) gives the 1-core bytes exactly."""
+    with ThreadPoolExecutor(max_workers=4) as ex:
+        outs = dict(ex.map(lambda c: (c, rms_run(rms_host, f32=f32, cores=c, tmp=tmp_path)), [1, 2, 3, 4]))
+    for c in (2, 3, 4):
+        assert outs[c] == outs[1], f"{c} cores differ from 1 core"
