@@ -730,8 +730,7 @@ class AscendPrinter:
             todo.extend(x.owner.operands)
         for o in sorted(needed, key=lambda o: self._order(o)):
             self.define(o.results[0], self.scalar_expr(o, host=True))
-        st = {"param": "OPGEN_ERR_PARAM", "shape": "OPGEN_ERR_SHAPE", "index": "OPGEN_ERR_INDEX"}[
-            status or op.status.data]
+        st = CHECK_STATUS[status or op.status.data]
         msg = op.message.data.replace('"', "'")
         op_name = self.k.sym_name.data.split(".")[0]
         self.line(f'if (!({self.name(op.cond)})) return opgen_fail({st}, "{op_name}: {msg}");')

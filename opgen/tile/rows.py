@@ -89,20 +89,6 @@ class RowValues:
         except IndexUnsupported as e:
             raise TileUnsupported(self.name, str(e)) from None  # type: ignore[attr-defined]
 
-    def emit_checks(self) -> None:
-        """The op's checks on attributes and sizes, and that each bit-packed mask covers its
-        flags (a u8 mask holds 8 per element): the host runs them before the launch."""
-        self.cur = self.block
-        for op in self.func.body.block.ops:
-            if isinstance(op, ir.CheckOp) and not ir.tensor_type(op.cond).rank:
-                self.add(ir.CheckOp(self.scalar(op.cond), op.message.data, op.status.data))
-            elif isinstance(op, ir.UnpackBitsOp):
-                p, n = ir.tensor_type(op.packed), ir.tensor_type(op.result).shape[0]
-                per = 8 if self.dt(p.dtype) == "u8" else 1
-                have = self.add(ir.MulOp(self.dim(p.shape[0]), self.const(per)))
-                self.add(ir.CheckOp(self.add(ir.CmpOp("ge", have, self.dim(n))), f"mask must hold at least {n} flags",
-                                    "shape"))
-
 
 def one_hot(v: SSAValue) -> tuple[SSAValue, list[SSAValue]] | None:
     """``(t, conds)`` when ``v`` ([X, N] bool) is ``iota(axis=1) == t[:, None]`` and-ed with
