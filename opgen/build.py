@@ -56,6 +56,15 @@ def generate_ascendc(o: OpDef) -> dict[str, str]:
     return ascendc.op_sources(o)
 
 
+def generate_ttmetal(o: OpDef) -> dict[str, str]:
+    """``ttmetal/<op>/``: TT-Metal reader/compute/writer kernels per variant and launch, the host
+    functions (``host.cpp``/``host.hpp``) and ``manifest.json`` (TileUnsupported names what the
+    backend cannot lower)."""
+    from opgen.emit import ttmetal
+
+    return ttmetal.op_sources(o)
+
+
 def generate_common(ops: list[OpDef], cuda_ops: list[OpDef] | None = None,
                     ascendc_ops: list[OpDef] | None = None) -> dict[str, str]:
     """Files shared by all ops: the public headers, the runtimes and the vendor facades
@@ -95,7 +104,8 @@ def generate_facades(o: OpDef) -> dict[str, str]:
 
 
 GENERATORS: list[tuple[str, Generator]] = [("ir", generate_ir), ("cpu", generate_cpu), ("facades", generate_facades),
-                                           ("cuda", generate_cuda), ("ascendc", generate_ascendc)]
+                                           ("cuda", generate_cuda), ("ascendc", generate_ascendc),
+                                           ("ttmetal", generate_ttmetal)]
 #: targets whose failure leaves the op out of the CPU library (and its headers and facades)
 CPU_TARGETS = ("ir", "cpu", "facades")
 

@@ -23,6 +23,9 @@ from opgen.tile.buffers import PlanBuffers
 from opgen.tile.dialect import Tile
 from opgen.tile.sizes import PlanWorkspace, SizeTiles, SplitCores
 from opgen.tile.to_tiles import LowerToTiles
+from opgen.ttmetal.dialect import Ttk
+from opgen.ttmetal.lower import LowerToTtKernel
+from opgen.ttmetal.sizes import SizeTilesTt
 
 #: Tensor-level (L0) clean-up shared by every target.
 L0: list[ModulePass] = [CanonicalizePass(), CommonSubexpressionElimination(), DeadCodeElimination()]
@@ -42,6 +45,11 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # cores, on-chip buffers planned under the unified buffer's capacity (opgen/emit/ascendc.py).
     "ascendc": [*L0, LowerToTiles(), CanonicalizePass(), CommonSubexpressionElimination(), PlanBuffers(),
                 SizeTiles(), SplitCores(), PlanWorkspace()],
+    # TT-Metal: the same tile level, with Tensix tile sizes (32x32 tiles, groups of row blocks per
+    # core), then reader/compute/writer kernels with their CBs and DST sections
+    # (opgen/ttmetal/lower.py; printed by opgen/emit/ttmetal.py).
+    "ttmetal": [*L0, LowerToTiles(), CanonicalizePass(), CommonSubexpressionElimination(), SizeTilesTt(),
+                LowerToTtKernel(), CommonSubexpressionElimination()],
 }
 
 
@@ -60,6 +68,7 @@ def context() -> Context:
     ctx.load_dialect(Opgen)
     ctx.load_dialect(Sched)
     ctx.load_dialect(Tile)
+    ctx.load_dialect(Ttk)
     return ctx
 
 

@@ -1,0 +1,816 @@
+"""``lower-to-ttkernel``: each resident ``tile.kernel`` -> a ``ttk.program`` (opgen/ttmetal/dialect.py).
+
+Every decision of the TT-Metal backend is made here, none in the printer:
+
+* **Launches.** The tile level's ``tile.sync_all`` splits the kernel into launches enqueued in
+  order (no barrier across the cores of one TT-Metal program). A launch's core-distributed loop
+  (``tile.for`` from ``block_idx`` by ``block_num``) runs on ``min(grid, units)`` cores.
+* **Units.** Each kernel of the tile level becomes three: ``tile.copy_in`` -> the reader
+  (``noc_async_read_page`` of whole tiles into a CB), ``tile.copy_out`` -> the writer, everything
+  else -> the compute kernel. All three walk the same loops (identical trip counts).
+* **Values and CBs.** A tile-level value of shape ``[R, D]`` (*full*: 32 rows x ``Wt`` tiles),
+  ``[R, 1]`` (*col*: one tile, column 0 valid) or ``[1, D]`` (*row*: ``Wt`` tiles, row 0 valid).
+  Copied-in values live in a CB of ``Wt`` pages for the row block (resident schedule); col values
+  that a broadcast reads, and reduction results, get a one-page CB; loop-carried row values (the
+  column sums) a ``Wt``-page CB that is popped and pushed tile by tile. Elementwise math on full
+  and row values is never stored: each consumer recomputes it per tile in DST.
+* **DST.** Every stored tile is one ``tile_regs_acquire ... release`` section evaluating an
+  expression tree in DST slots (Sethi-Ullman order; at most 4 slots: f32 accumulation in
+  half-sync mode): CB tiles enter DST with ``copy_tile`` or ``unary_bcast<ROW|COL>``, math is SFPU
+  (``*_binary_tile``, ``*_unary_tile`` with a scalar, ``rsqrt_tile`` ...), exact in f32. Every
+  call is preceded by its init.
+* **Reductions.** A row sum (axis 1) stores its operand's ``Wt`` tiles (pad columns of the last
+  tile masked with ``mask_tile``), then ``reduce_tile<SUM, REDUCE_ROW>`` over them into one tile.
+  A column sum (axis 0) stores the operand tile (pad rows masked), then ``REDUCE_COL`` inside the
+  section that consumes it. The scaler tile (1.0) and the masks are built by the reader.
+* **Layout.** Tensors are in tile layout (32x32 tiles of four 16x16 faces, row-major tile order);
+  a ``[D]`` tensor is one row of tiles (row 0 valid); the workspace holds one tile row per
+  partial row. Elements outside the logical shape (tile padding) are neither read as data (masked
+  in reductions) nor defined in outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp, UnitAttr
+from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from opgen import dtypes
+from opgen.ir import dialect as ir
+from opgen.tile import dialect as t
+from opgen.tile.dialect import INDEX
+from opgen.tile.lower import TileUnsupported
+from opgen.ttmetal import dialect as k
+from opgen.ttmetal.sizes import TILE
+
+#: L1 bytes per core the CBs of one launch may use (Wormhole L1 is 1,499,136 B; firmware and
+#: kernels' code use the rest) — the host checks it before enqueueing anything
+L1_BUDGET = 1_400_000
+#: DST tiles a section may use: 4 with f32 accumulation in half-sync mode
+DST_SLOTS = 4
+#: tiles of a row sum's operand stored at a time (its scratch CB's pages)
+REDUCE_CHUNK = 8
+FORMAT = {"bf16": "Float16_b", "f32": "Float32"}
+TILE_BYTES = {"Float16_b": 2048, "Float32": 4096}
+TT_DTYPES = ("bf16", "f32")
+SCALAR_OPS = (ir.ConstantOp, ir.DimOp, ir.AddOp, ir.SubOp, ir.MulOp, ir.DivOp, ir.MinOp, ir.MaxOp, ir.CmpOp,
+              ir.SelectOp, ir.CastOp, ir.AndOp, ir.OrOp, ir.NotOp)
+SFPU_BINARY = {ir.AddOp: "add", ir.SubOp: "sub", ir.MulOp: "mul", ir.DivOp: "div"}
+SFPU_UNARY = {ir.RsqrtOp: "rsqrt", ir.RecipOp: "recip", ir.ExpOp: "exp"}
+
+
+class TtUnsupported(TileUnsupported):
+    """The op uses something the TT-Metal backend does not lower (the message names it)."""
+
+    def __init__(self, kernel: str, what: str):
+        super().__init__(kernel, what)
+        self.args = (f"not supported on ttmetal: {what} (in {kernel})",)
+
+
+def kind(v: SSAValue) -> str:
+    """``full``, ``row``, ``col``, ``index`` (integer scalar) or ``float`` (float scalar)."""
+    tt = ir.tensor_type(v)
+    shape = tt.shape
+    if len(shape) == 0:
+        return "float" if dtypes.by_name(tt.dtype).is_float else "index"
+    if len(shape) == 2 and shape[1] == "1" and shape[0] != "1":
+        return "col"
+    if len(shape) == 2 and shape[0] == "1":
+        return "row"
+    if len(shape) == 2:
+        return "full"
+    raise TtUnsupported("?", f"a tile of shape {list(shape)}")
+
+
+# ------------------------------------------------------------------------------ expressions
+@dataclass(eq=False)
+class Node:
+    """A tile value the compute kernel evaluates per tile: ``leaf`` (a CB tile: ``cb``, ``mode``
+    ``tile`` = tile j of the block, ``first`` = tile 0, ``front`` = the front tile, popped after
+    use), ``bcast_row``/``bcast_col`` (a leaf broadcast), ``scalar`` (an f32 runtime argument),
+    ``binary``/``unary`` SFPU math, ``colsum`` (REDUCE_COL of a full expression)."""
+
+    op: str
+    kids: list[Node] = field(default_factory=list)
+    cb: int = -1
+    mode: str = "tile"
+    fn: str = ""
+    scalar: SSAValue | None = None
+    count: SSAValue | None = None
+
+    def need(self) -> int:
+        if self.op == "binary" and not any(c.op == "scalar" for c in self.kids):
+            a, b = (c.need() for c in self.kids)
+            return max(a, b) if a != b else a + 1
+        if self.kids:
+            return max(c.need() for c in self.kids if c.op != "scalar")
+        return 1
+
+
+class KernelBuilder:
+    """Appends one kernel's ops; maps tile-level scalars to kernel values lazily (runtime args for
+    dims, params and the core index, cloned arithmetic for the rest), one map per loop scope."""
+
+    def __init__(self, low: Lowering, role: str):
+        self.low, self.role = low, role
+        self.block = Block()
+        self.args_block = Block()
+        self.stack: list[Block] = [self.block]
+        self.maps: list[dict[SSAValue, SSAValue]] = [{}]
+        self.rt: dict[str, tuple[int, SSAValue]] = {}  # name -> (index, host value)
+        self.rt_vals: dict[str, SSAValue] = {}
+        self.top = False  # emit into the prologue (constant tiles, masks), with its own scalars
+        self.top_block = Block()
+        self.top_map: dict[SSAValue, SSAValue] = {}
+        self.accessors: list[str] = []
+        self.acc_vals: dict[str, str] = {}
+
+    # -- emission
+    def emit(self, op: Operation) -> Operation:
+        if self.top:  # the prologue: before every other statement
+            Rewriter.insert_op(op, InsertPoint.at_end(self.top_block))
+        else:
+            Rewriter.insert_op(op, InsertPoint.at_end(self.stack[-1]))
+        return op
+
+    def call(self, callee: str, *args: SSAValue | str | int, template: tuple[str, ...] = (),
+             result: bool = False) -> SSAValue | None:
+        op = self.emit(k.CallOp(callee, list(args), template, result))
+        return op.results[0] if result else None
+
+    def const(self, v: int) -> SSAValue:
+        return self.emit(ir.ConstantOp(v, "i64")).results[0]
+
+    def arith(self, cls, *vals: SSAValue) -> SSAValue:
+        return self.emit(cls(*vals)).results[0]
+
+    # -- runtime arguments
+    def rt_arg(self, name: str, host: SSAValue) -> SSAValue:
+        if name not in self.rt:
+            self.rt[name] = (len(self.rt), host)
+            arg = k.ArgOp(self.rt[name][0])
+            Rewriter.insert_op(arg, InsertPoint.at_end(self.args_block))
+            self.rt_vals[name] = arg.results[0]
+        return self.rt_vals[name]
+
+    # -- scalars
+    def val(self, v: SSAValue) -> SSAValue:
+        for m in [self.top_map] if self.top else reversed(self.maps):
+            if v in m:
+                return m[v]
+        low = self.low
+        op = v.owner
+        if kind(v) == "float":
+            r = self.rt_arg(f"f{len(self.rt)}", low.host_op(k.BitsOp(low.host_val(v))))
+        elif isinstance(op, Block):
+            raise TtUnsupported(low.name, "a loop variable used outside its loop")
+        elif isinstance(op, t.ParamOp):
+            r = self.rt_arg(op.param.data, low.host_val(v))
+        elif isinstance(op, ir.DimOp):
+            r = self.rt_arg(op.dim.data, low.host_val(v))
+        elif isinstance(op, t.BlockIdxOp):
+            r = self.rt_arg("core", low.host_val(v))
+        elif isinstance(op, t.BlockNumOp):
+            r = self.rt_arg("cores", low.host_val(v))
+        elif isinstance(op, SCALAR_OPS):
+            c = op.clone_without_regions()
+            for i, o in enumerate(op.operands):
+                c.operands[i] = self.val(o)
+            r = self.emit(c).results[0]
+        else:
+            raise TtUnsupported(low.name, f"the scalar op {op.name}")
+        (self.top_map if self.top else self.maps[-1])[v] = r
+        return r
+
+    def accessor(self, gm: SSAValue, name: str) -> str:
+        """The kernel's TensorAccessor over tensor argument ``name`` (declared once)."""
+        if name not in self.acc_vals:
+            page = TILE_BYTES[self.low.gm_format(gm)]
+            addr = self.rt_arg(f"{name}_addr", self.low.host_op(k.BufferAddrOp(name)))
+            after = self.accessors[-1] if self.accessors else ""
+            Rewriter.insert_op(k.AccessorOp(name, after, page, addr), InsertPoint.at_end(self.args_block))
+            self.accessors.append(name)
+            self.acc_vals[name] = name
+        return name
+
+    # -- loops
+    def open_loop(self, lo: SSAValue, hi: SSAValue, step: SSAValue, hint: str) -> SSAValue:
+        loop = self.emit(t.ForOp(lo, hi, step, (), hint=hint))
+        self.stack.append(loop.body.block)
+        self.maps.append({})
+        return loop.body.block.args[0]
+
+    def close_loop(self) -> None:
+        self.emit(t.YieldOp())
+        self.stack.pop()
+        self.maps.pop()
+
+    def finish(self) -> Region:
+        """The kernel body: runtime args and accessors first, then the code; unused scalars and
+        empty loops removed."""
+        _prune(self.block)
+        _prune(self.top_block)
+        body = Block()
+        for o in [*self.args_block.ops, *self.top_block.ops, *self.block.ops]:
+            o.detach()
+            body.add_op(o)
+        return Region(body)
+
+
+def _prune(block: Block) -> None:
+    changed = True
+    while changed:
+        changed = False
+        for o in reversed(list(_ops(block))):
+            if isinstance(o, t.ForOp) and _empty(o):
+                o.detach()
+                o.erase()
+                changed = True
+            elif (isinstance(o, SCALAR_OPS) or (isinstance(o, k.CallOp) and o.res and o.callee.data.startswith("get_"))) \
+                    and all(not r.uses for r in o.results):
+                o.detach()
+                o.erase()
+                changed = True
+
+
+def _ops(block: Block):
+    for o in block.ops:
+        yield o
+        for r in o.regions:
+            for b in r.blocks:
+                yield from _ops(b)
+
+
+def _empty(loop: t.ForOp) -> bool:
+    return all(isinstance(o, (t.YieldOp, *SCALAR_OPS)) for o in loop.body.block.ops)
+
+
+# ------------------------------------------------------------------------------ the lowering
+class Lowering:
+    """One resident ``tile.kernel`` -> one ``ttk.program`` (see the module docstring)."""
+
+    def __init__(self, kernel: t.KernelOp):
+        self.k = kernel
+        self.name = kernel.sym_name.data
+        self.args = dict(zip([a.data for a in kernel.arg_names.data], kernel.body.block.args, strict=True))
+        self.arg_of = {v: n for n, v in self.args.items()}
+        dv = {n: a.data for n, a in kernel.dtype_vars.data.items()}
+        for d in dv.values():
+            if d not in TT_DTYPES:
+                raise TtUnsupported(self.name, f"dtype {d} (TT-Metal computes bf16 and f32)")
+        tiling = next(o for o in kernel.body.block.ops if isinstance(o, t.TilingOp))
+        self.params = {o.param.data: o.value for o in tiling.body.block.ops if isinstance(o, t.SetParamOp)}
+        self._tiles: dict[str, SSAValue] = {}
+        self.ws_done = False
+        self._scratch = Block()  # tile-level scalars the lowering makes up (tile counts)
+
+    # -- host side
+    def host_op(self, op: Operation) -> SSAValue:
+        Rewriter.insert_op(op, InsertPoint.at_end(self.host))
+        return op.results[0] if op.results else None  # type: ignore[return-value]
+
+    def host_val(self, v: SSAValue) -> SSAValue:
+        if v in self.hmap:
+            return self.hmap[v]
+        op = v.owner
+        if v in self.arg_of and kind(v) == "float":
+            r = self.host_op(k.ScalarArgOp(self.arg_of[v]))
+        elif isinstance(op, Block):
+            raise TtUnsupported(self.name, "a loop variable on the host")
+        elif isinstance(op, t.ParamOp):
+            r = self.host_val(self.params[op.param.data])
+        elif isinstance(op, t.BlockIdxOp):
+            r = self.host_op(k.CoreIndexOp())
+        elif isinstance(op, t.BlockNumOp):
+            r = self.cores
+        elif isinstance(op, (*SCALAR_OPS, t.PlatformOp)):
+            c = op.clone_without_regions()
+            for i, o in enumerate(op.operands):
+                c.operands[i] = self.host_val(o)
+            r = self.host_op(c)
+        else:
+            raise TtUnsupported(self.name, f"the host scalar {op.name}")
+        self.hmap[v] = r
+        return r
+
+    def hconst(self, v: int) -> SSAValue:
+        return self.host_op(ir.ConstantOp(v, "i64"))
+
+    def host_tiles(self, dim: str) -> SSAValue:
+        """Host: tiles along a tile dim symbol (``D`` -> ceil(D/32), ``CC`` -> 1)."""
+        if dim == "CC":
+            return self.hconst(1)
+        if dim.isdigit():
+            return self.hconst((int(dim) + TILE - 1) // TILE)
+        d = self.host_op(ir.DimOp(dim))
+        return self.host_op(ir.DivOp(self.host_op(ir.AddOp(d, self.hconst(TILE - 1))), self.hconst(TILE)))
+
+    def gm_format(self, gm: SSAValue) -> str:
+        return FORMAT.get(gm.type.dtype, "Float32") if isinstance(gm.type, t.GmType) else "Float32"
+
+    def gm_name(self, gm: SSAValue) -> str:
+        if gm in self.arg_of:
+            return self.arg_of[gm]
+        if isinstance(gm.owner, t.WorkspaceOp):
+            if not self.ws_done:  # one tile row per row of the workspace tensor
+                rows, cols = gm.type.shape
+                nrows = self.host_val(self.params[rows]) if rows in self.params else self.hconst(int(rows))
+                tiles = self.host_op(ir.MulOp(nrows, self.host_tiles(cols)))
+                self.host_op(k.WorkspaceOp(self.host_op(ir.MulOp(tiles, self.hconst(4096))), 4096))
+                self.ws_done = True
+            return "workspace"
+        raise TtUnsupported(self.name, "a global tensor that is not an argument or the workspace")
+
+    # -- CBs
+    def cb(self, fmt: str, pages: SSAValue, what: str) -> int:
+        """A new CB of ``max(pages, 1)`` tiles (a dim may be 0)."""
+        pages = self.host_op(ir.MaxOp(pages, self.hconst(1)))
+        i = len(self.cbs)
+        if i >= 32:
+            raise TtUnsupported(self.name, "more than 32 circular buffers in one launch")
+        self.cbs.append(k.CbOp(i, fmt, TILE_BYTES[fmt], pages, what))
+        return i
+
+    # -- the program
+    def run(self) -> k.ProgramOp:
+        kinds = ["tensor" if isinstance(a.type, t.GmType) else "scalar" for a in self.k.body.block.args]
+        prog = k.ProgramOp(self.name, list(self.args), kinds, [a.type for a in self.k.body.block.args],
+                           self.k.dtype_vars)
+        phases: list[list[Operation]] = [[]]
+        for op in self.k.body.block.ops:
+            if isinstance(op, t.TilingOp):
+                continue
+            if isinstance(op, t.SyncAllOp):
+                phases.append([])
+            else:
+                phases[-1].append(op)
+        for i, ops in enumerate(phases):
+            prog.body.block.add_op(self.launch(i, ops))
+        return prog
+
+    def launch(self, index: int, ops: list[Operation]) -> k.LaunchOp:
+        launch = k.LaunchOp(index)
+        self.host = launch.body.block
+        self.hmap: dict[SSAValue, SSAValue] = {}
+        self.cbs: list[k.CbOp] = []
+        dist = [o for o in ops if isinstance(o, t.ForOp) and isinstance(o.lo.owner, t.BlockIdxOp)]
+        if len(dist) != 1:
+            raise TtUnsupported(self.name, "a launch without exactly one loop over the cores")
+        self.cores = self.host_op(k.CoresOp(self.host_val(dist[0].hi)))
+        self.r = KernelBuilder(self, "reader")
+        self.c = KernelBuilder(self, "compute")
+        self.w = KernelBuilder(self, "writer")
+        self.b = [self.r, self.c, self.w]
+        self.env: dict[SSAValue, Node] = {}
+        self.scopes: list[list[tuple[int, SSAValue | None]]] = [[]]  # CBs compute pops at scope end
+        self.one_cb = self.mask_cb = -1
+        self.row_mask: dict[SSAValue, int] = {}
+        self.copied: set[int] = set()
+        self.scratch: dict[str, int] = {}  # CBs read by copy_tile / unary_bcast: unpacked to DST in f32
+        self.at_top(self.c, "compute_kernel_hw_startup", "tt::CBIndex::c_0", "tt::CBIndex::c_0")
+        for op in ops:
+            self.lower_op(op)
+        self.close_scope()
+        need = None
+        for cb in self.cbs:
+            if cb.index.data in self.copied and cb.format.data == "Float32":
+                cb.attributes["unpack_to_dest_fp32"] = UnitAttr()
+            launch.body.block.add_op(cb)
+            nb = self.host_op(ir.MulOp(cb.pages, self.hconst(cb.page.data)))
+            need = nb if need is None else self.host_op(ir.AddOp(need, nb))
+        if need is not None:
+            ok = self.host_op(ir.CmpOp("le", need, self.hconst(L1_BUDGET)))
+            self.host_op(k.CheckOp(ok, f"the CBs of launch {index} need more than {L1_BUDGET} B of L1 per core "
+                                       "(rows this long need the column-chunk schedule, not lowered for TT-Metal yet)"))
+        for b in self.b:
+            body = b.finish()
+            names = sorted(b.rt, key=lambda n: b.rt[n][0])
+            launch.body.block.add_op(k.KernelOp(
+                b.role, f"{b.role}_{index}.cpp", names, [b.rt[n][1] for n in names], b.accessors,
+                b.role == "compute", body))
+        return launch
+
+    # -- scopes (compute pops the CBs of a loop iteration at its end)
+    def close_scope(self) -> None:
+        for cb, n in reversed(self.scopes.pop()):
+            self.c.call("cb_pop_front", f"tt::CBIndex::c_{cb}", n if isinstance(n, SSAValue) else "1")
+
+    def all_val(self, v: SSAValue) -> list[SSAValue]:
+        return [b.val(v) for b in self.b]
+
+    # -- ops
+    def lower_op(self, op: Operation) -> None:
+        if isinstance(op, (t.ParamOp, t.BlockIdxOp, t.BlockNumOp, t.WorkspaceOp, t.YieldOp)):
+            return
+        if isinstance(op, SCALAR_OPS) and kind(op.results[0]) in ("index", "float"):
+            return
+        if isinstance(op, t.ForOp):
+            return self.lower_for(op)
+        if isinstance(op, t.CopyInOp):
+            return self.copy_in(op)
+        if isinstance(op, t.CopyOutOp):
+            return self.copy_out(op)
+        if isinstance(op, t.ReduceOp):
+            return self.reduce(op)
+        if isinstance(op, ir.BroadcastOp):
+            src = op.operands[0]
+            sk, rk = kind(src), kind(op.results[0])
+            if sk == "float":
+                self.env[op.results[0]] = Node("scalar", scalar=src)
+            elif sk == rk:
+                self.env[op.results[0]] = self.env[src]
+            elif sk == "row" and rk == "full":
+                self.env[op.results[0]] = Node("bcast_row", [self.env[src]])
+            elif sk == "col" and rk == "full":
+                self.env[op.results[0]] = Node("bcast_col", [self.env[src]])
+            else:
+                raise TtUnsupported(self.name, f"a broadcast from {sk} to {rk}")
+            return
+        if isinstance(op, ir.CastOp):
+            self.env[op.results[0]] = self.env[op.operands[0]]  # compute is f32; the pack converts
+            return
+        if type(op) in SFPU_BINARY:
+            a, b = (self.node(o) for o in op.operands)
+            self.env[op.results[0]] = Node("binary", [a, b], fn=SFPU_BINARY[type(op)])
+            return
+        if type(op) in SFPU_UNARY:
+            self.env[op.results[0]] = Node("unary", [self.env[op.operands[0]]], fn=SFPU_UNARY[type(op)])
+            return
+        raise TtUnsupported(self.name, f"the primitive {op.name}")
+
+    def node(self, v: SSAValue) -> Node:
+        if kind(v) == "float":
+            return Node("scalar", scalar=v)
+        return self.env[v]
+
+    def lower_for(self, op: t.ForOp) -> None:
+        carried = list(op.inits)
+        accs = []
+        for init in carried:
+            if kind(init) != "row":
+                raise TtUnsupported(self.name, f"a loop-carried {kind(init)} value")
+            acc = self.cb("Float32", self.host_tiles(ir.tensor_type(init).shape[1]), "loop-carried row (column sums)")
+            ntiles = self.c.val(self.tiles_of(init))
+            self.store_tiles(self.env[init], acc, ntiles)  # the initial value
+            accs.append(acc)
+        ivs = [b.open_loop(*b_vals, op.iv.name_hint or "i") for b, b_vals in
+               zip(self.b, zip(self.all_val(op.lo), self.all_val(op.hi), self.all_val(op.step), strict=True), strict=True)]
+        for b, iv in zip(self.b, ivs, strict=True):
+            b.maps[-1][op.iv] = iv
+        self.scopes.append([])
+        for arg, acc in zip(op.body.block.args[1:], accs, strict=True):
+            self.env[arg] = Node("leaf", cb=acc, mode="front")
+        for o in op.body.block.ops:
+            self.lower_op(o)
+        y = op.body.block.last_op
+        assert isinstance(y, t.YieldOp)
+        for v, acc, init in zip(y.values, accs, carried, strict=True):
+            self.store_tiles(self.env[v], acc, self.c.val(self.tiles_of(init)))
+        self.close_scope()
+        for b in self.b:
+            b.close_loop()
+        for res, acc in zip(op.results, accs, strict=True):
+            self.env[res] = Node("leaf", cb=acc, mode="front")
+
+    def tiles_of(self, v: SSAValue) -> SSAValue:
+        """A tile-level scalar: how many column tiles ``v`` spans."""
+        return self.tiles(ir.tensor_type(v).shape[1])
+
+    def tiles(self, dim: str) -> SSAValue:
+        """A tile-level scalar (built in a scratch block, cloned into kernels on use): tiles along
+        tile dim ``dim`` — ``ceil(D / 32)``, 1 for a 32-column chunk ``CC``."""
+        if dim not in self._tiles:
+            if dim == "CC":
+                ops = [ir.ConstantOp(1, "i64")]
+            else:
+                d, c31, c32 = ir.DimOp(dim), ir.ConstantOp(TILE - 1, "i64"), ir.ConstantOp(TILE, "i64")
+                add = ir.AddOp(d.results[0], c31.results[0])
+                ops = [d, c31, c32, add, ir.DivOp(add.results[0], c32.results[0])]
+            for o in ops:
+                self._scratch.add_op(o)
+            self._tiles[dim] = ops[-1].results[0]
+        return self._tiles[dim]
+
+    # -- copies
+    def tile_row(self, b: KernelBuilder, gm: SSAValue, row0: SSAValue, value: SSAValue) -> SSAValue:
+        """The first tile id of ``value``'s tile row in ``gm``: full values are 32-row blocks of a
+        dense tile layout; row values in a 2-d tensor (the workspace) one tile row per row."""
+        shape = gm.type.shape
+        if len(shape) == 1:
+            return b.const(0)
+        wt = b.val(self.tiles(shape[1]))
+        r = b.val(row0)
+        if kind(value) == "full":
+            r = b.arith(ir.DivOp, r, b.const(TILE))
+        return b.arith(ir.MulOp, r, wt)
+
+    def copy_in(self, op: t.CopyInOp) -> None:
+        v = op.results[0]
+        kd = kind(v)
+        if kd not in ("full", "row"):
+            raise TtUnsupported(self.name, f"copying in a {kd} tile")
+        gm = op.src
+        fmt = self.gm_format(gm)
+        name = self.gm_name(gm)
+        cb = self.cb(fmt, self.host_tiles(ir.tensor_type(v).shape[1]), f"{name} ({kd})")
+        r = self.r
+        acc = r.accessor(gm, name)
+        n = r.val(self.tiles_of(v))
+        first = r.arith(ir.AddOp, self.tile_row(r, gm, op.row0, v), r.arith(ir.DivOp, r.val(op.col0), r.const(TILE)))
+        cbn = f"tt::CBIndex::c_{cb}"
+        r.call("cb_reserve_back", cbn, n)
+        base = r.call("get_write_ptr", cbn, result=True)
+        j = r.open_loop(r.const(0), n, r.const(1), "j")
+        r.call("noc_async_read_page", r.arith(ir.AddOp, first, j), acc,
+               r.arith(ir.AddOp, base, r.arith(ir.MulOp, j, r.const(TILE_BYTES[fmt]))))
+        r.close_loop()
+        r.call("noc_async_read_barrier")
+        r.call("cb_push_back", cbn, n)
+        cn = self.c.val(self.tiles_of(v))
+        self.c.call("cb_wait_front", cbn, cn)
+        self.scopes[-1].append((cb, cn))
+        self.env[v] = Node("leaf", cb=cb, mode="tile")
+
+    def copy_out(self, op: t.CopyOutOp) -> None:
+        v = op.value
+        kd = kind(v)
+        if kd not in ("full", "row"):
+            raise TtUnsupported(self.name, f"copying out a {kd} tile")
+        gm = op.dst
+        fmt = self.gm_format(gm)
+        name = self.gm_name(gm)
+        out = self.cb(fmt, self.hconst(2), f"{name} (out)")
+        self.store_tiles(self.env[v], out, self.c.val(self.tiles_of(v)))
+        w = self.w
+        acc = w.accessor(gm, name)
+        n = w.val(self.tiles_of(v))
+        first = w.arith(ir.AddOp, self.tile_row(w, gm, op.row0, v), w.arith(ir.DivOp, w.val(op.col0), w.const(TILE)))
+        cbn = f"tt::CBIndex::c_{out}"
+        j = w.open_loop(w.const(0), n, w.const(1), "j")
+        w.call("cb_wait_front", cbn, "1")
+        w.call("noc_async_write_page", w.arith(ir.AddOp, first, j), acc, w.call("get_read_ptr", cbn, result=True))
+        w.call("noc_async_writes_flushed")
+        w.call("cb_pop_front", cbn, "1")
+        w.close_loop()
+        w.call("noc_async_write_barrier")
+
+    # -- reader-built constant tiles
+    def scaler(self) -> int:
+        if self.one_cb < 0:
+            self.one_cb = self.cb("Float16_b", self.hconst(1), "reduce scaler (1.0)")
+            self.at_top(self.r, "opgen_tt_fill_scaler", f"tt::CBIndex::c_{self.one_cb}")
+            self.at_top(self.c, "cb_wait_front", f"tt::CBIndex::c_{self.one_cb}", "1")
+            self.scopes[0].append((self.one_cb, None))
+        return self.one_cb
+
+    def col_mask(self) -> int:
+        if self.mask_cb < 0:
+            self.mask_cb = self.cb("Float16_b", self.hconst(2), "column masks (all ones, last tile)")
+            self.at_top(self.r, "opgen_tt_fill_col_masks", f"tt::CBIndex::c_{self.mask_cb}", self.last_cols("D"))
+            self.at_top(self.c, "cb_wait_front", f"tt::CBIndex::c_{self.mask_cb}", "2")
+            self.scopes[0].append((self.mask_cb, "2"))
+        return self.mask_cb
+
+    def last_cols(self, dim: str) -> SSAValue:
+        """A tile-level scalar: the valid columns of the last column tile, ``D - 32*(tiles-1)``."""
+        d, c1, c32 = ir.DimOp(dim), ir.ConstantOp(1, "i64"), ir.ConstantOp(TILE, "i64")
+        sub = ir.SubOp(self.tiles(dim), c1.results[0])
+        mul = ir.MulOp(sub.results[0], c32.results[0])
+        last = ir.SubOp(d.results[0], mul.results[0])
+        for o in (d, c1, c32, sub, mul, last):
+            self._scratch.add_op(o)
+        return last.results[0]
+
+    def _dim(self, dim: str) -> SSAValue:
+        d = ir.DimOp(dim)
+        self._scratch.add_op(d)
+        return d.results[0]
+
+    @staticmethod
+    def at_top(b: KernelBuilder, callee: str, *args) -> None:
+        """A call at the top level of kernel ``b``, before its loops (its scalars too)."""
+        b.top = True
+        try:
+            vals = [b.val(a) if isinstance(a, SSAValue) else a for a in args]
+            b.call(callee, *vals)
+        finally:
+            b.top = False
+
+    def row_mask_cb(self, count: SSAValue) -> int:
+        """A CB with one mask tile per row block: 1.0 in the block's ``count`` valid rows."""
+        if count not in self.row_mask:
+            cb = self.cb("Float16_b", self.hconst(1), "row mask (valid rows of the block)")
+            cbn = f"tt::CBIndex::c_{cb}"
+            self.r.call("opgen_tt_fill_row_mask", cbn, self.r.val(count))
+            self.c.call("cb_wait_front", cbn, "1")
+            self.scopes[-1].append((cb, None))
+            self.row_mask[count] = cb
+        return self.row_mask[count]
+
+    def reduce(self, op: t.ReduceOp) -> None:
+        if op.kind.data != "sum":
+            raise TtUnsupported(self.name, f"a {op.kind.data} reduction")
+        x = self.env[op.x]
+        if op.axis.data == 0:
+            self.row_mask_cb(op.count)
+            self.env[op.results[0]] = Node("colsum", [x], count=op.count)
+            return
+        if kind(op.x) != "full":
+            raise TtUnsupported(self.name, f"a row sum of a {kind(op.x)} tile")
+        c = self.c
+        one = self.scaler()
+        mask = self.col_mask()
+        n = c.val(self.tiles_of(op.x))
+        self.materialize_cols(x)
+        red = self.shared("row-sum operand", "Float32", REDUCE_CHUNK)
+        out = self.cb("Float32", self.hconst(1), "row sums (column 0)")
+        redn, onen, outn = (f"tt::CBIndex::c_{i}" for i in (red, one, out))
+        self.zero_tile(out)
+        # chunks of REDUCE_CHUNK tiles: the operand's tiles (pad columns of the last masked),
+        # their row sums in DST, plus the running sum
+        c0 = c.open_loop(c.const(0), n, c.const(REDUCE_CHUNK), "c")
+        m = c.arith(ir.MinOp, c.arith(ir.SubOp, n, c0), c.const(REDUCE_CHUNK))
+        jj = c.open_loop(c.const(0), m, c.const(1), "j")
+        j = c.arith(ir.AddOp, c0, jj)
+        is_last = c.emit(ir.CmpOp("eq", c.arith(ir.AddOp, j, c.const(1)), n)).results[0]
+        self.section(x, red, j, mask=(mask, c.arith(ir.SelectOp, is_last, c.const(1), c.const(0))))
+        c.close_loop()
+        c.call("cb_wait_front", redn, m)
+        c.call("cb_wait_front", outn, "1")
+        c.call("tile_regs_acquire")
+        c.call("reconfig_data_format", redn, onen)
+        c.call("reduce_init", redn, onen, outn, template=("PoolType::SUM", "ReduceDim::REDUCE_ROW"))
+        jj = c.open_loop(c.const(0), m, c.const(1), "j")
+        c.call("reduce_tile", redn, onen, jj, "0", "0", template=("PoolType::SUM", "ReduceDim::REDUCE_ROW"))
+        c.close_loop()
+        c.call("reduce_uninit")
+        self.copied.add(out)
+        for call in (("reconfig_data_format_srca", outn), ("copy_init", outn), ("copy_tile", outn, "0", "1"),
+                     ("add_binary_tile_init",), ("add_binary_tile", "0", "1", "0"), ("tile_regs_commit",)):
+            c.call(*call)
+        c.call("cb_pop_front", redn, m)
+        c.call("cb_pop_front", outn, "1")
+        self.pack(out)
+        c.close_loop()
+        c.call("cb_wait_front", outn, "1")
+        self.scopes[-1].append((out, None))
+        self.env[op.results[0]] = Node("leaf", cb=out, mode="first")
+
+    def shared(self, what: str, fmt: str, pages: int) -> int:
+        """A scratch CB every user empties before the next one fills it (one per launch)."""
+        if what not in self.scratch:
+            self.scratch[what] = self.cb(fmt, self.hconst(pages), what)
+        return self.scratch[what]
+
+    def pack(self, cb: int) -> None:
+        """The end of a section: DST slot 0 packed into ``cb``."""
+        c, cbn = self.c, f"tt::CBIndex::c_{cb}"
+        for call in (("tile_regs_wait",), ("cb_reserve_back", cbn, "1"), ("pack_reconfig_data_format", cbn),
+                     ("pack_tile", "0", cbn), ("cb_push_back", cbn, "1"), ("tile_regs_release",)):
+            c.call(*call)
+
+    def zero_tile(self, cb: int) -> None:
+        """A section pushing a tile of zeros into ``cb``."""
+        self.c.call("tile_regs_acquire")
+        self.c.call("fill_tile_init")
+        self.c.call("fill_tile_bitcast", "0", "0")
+        self.c.call("tile_regs_commit")
+        self.pack(cb)
+
+    # -- sections
+    def materialize_cols(self, node: Node) -> None:
+        """Store every col expression a broadcast in ``node`` reads into a one-page CB first."""
+        for kid in node.kids:
+            self.materialize_cols(kid)
+        if node.op == "bcast_col" and node.kids[0].op != "leaf":
+            cb = self.cb("Float32", self.hconst(1), "per-row values")
+            self.section(node.kids[0], cb, self.c.const(0))
+            self.c.call("cb_wait_front", f"tt::CBIndex::c_{cb}", "1")
+            self.scopes[-1].append((cb, None))
+            node.kids[0] = Node("leaf", cb=cb, mode="first")
+
+    def store_tiles(self, node: Node, cb: int, n: SSAValue) -> None:
+        """Evaluate ``node`` for column tiles 0..n-1 and push each into ``cb``."""
+        self.materialize_cols(node)
+        c = self.c
+        j = c.open_loop(c.const(0), n, c.const(1), "j")
+        self.section(node, cb, j)
+        c.close_loop()
+
+    def section(self, node: Node, cb: int, j: SSAValue, mask: tuple[int, SSAValue] | None = None) -> None:
+        """One DST section: ``node``'s tile j into slot 0 (masked by mask tile ``mask[1]`` of CB
+        ``mask[0]``), packed into ``cb``; the front tiles it read are popped."""
+        c = self.c
+        pre: list[tuple[Node, int]] = []
+        self.colsum_operands(node, j, pre)
+        need = node.need() + (1 if mask else 0)
+        if need > DST_SLOTS:
+            raise TtUnsupported(self.name, f"an expression needing {need} DST tiles (spilling is not lowered yet)")
+        pops: list[int] = []
+        c.call("tile_regs_acquire")
+        self.eval(node, 0, j, pops)
+        if mask:
+            mn = f"tt::CBIndex::c_{mask[0]}"
+            c.call("reconfig_data_format_srca", mn)
+            c.call("copy_init", mn)
+            c.call("copy_tile", mn, mask[1], "1")
+            c.call("mask_tile_init")
+            c.call("mask_tile", "0", "1")
+        c.call("tile_regs_commit")
+        for p in pops:
+            c.call("cb_pop_front", f"tt::CBIndex::c_{p}", "1")
+        self.pack(cb)
+
+    def colsum_operands(self, node: Node, j: SSAValue, pre: list) -> None:
+        """Before a section: store the operand tile of each column sum in ``node`` (pad rows masked)."""
+        for kid in node.kids:
+            self.colsum_operands(kid, j, pre)
+        if node.op == "colsum" and node.cb < 0:
+            self.materialize_cols(node.kids[0])
+            node.cb = self.shared("column-sum operand", "Float32", 1)
+            self.section(node.kids[0], node.cb, j, mask=(self.row_mask[node.count], self.c.const(0)))
+            self.c.call("cb_wait_front", f"tt::CBIndex::c_{node.cb}", "1")
+
+    def eval(self, node: Node, slot: int, j: SSAValue, pops: list[int]) -> bool:
+        """Code computing ``node``'s tile j into DST ``slot`` (slots above it are free); returns
+        whether a reduce ran (its packer mask is then reset after the section)."""
+        c = self.c
+        if node.op == "leaf":
+            cbn = f"tt::CBIndex::c_{node.cb}"
+            if node.mode == "front":
+                c.call("cb_wait_front", cbn, "1")
+                pops.append(node.cb)
+            self.copied.add(node.cb)
+            c.call("reconfig_data_format_srca", cbn)
+            c.call("copy_init", cbn)
+            c.call("copy_tile", cbn, j if node.mode == "tile" else "0", str(slot))
+            return False
+        if node.op in ("bcast_row", "bcast_col"):
+            leaf = node.kids[0]
+            cbn = f"tt::CBIndex::c_{leaf.cb}"
+            bt = "BroadcastType::ROW" if node.op == "bcast_row" else "BroadcastType::COL"
+            self.copied.add(leaf.cb)
+            c.call("reconfig_data_format_srca", cbn)
+            c.call("unary_bcast_init", cbn, template=(bt,))
+            c.call("unary_bcast", cbn, j if node.op == "bcast_row" else "0", str(slot), template=(bt,))
+            return False
+        if node.op == "scalar":
+            c.call("fill_tile_init")
+            c.call("fill_tile_bitcast", str(slot), c.val(node.scalar))
+            return False
+        if node.op == "unary":
+            r = self.eval(node.kids[0], slot, j, pops)
+            c.call(f"{node.fn}_tile_init")
+            c.call(f"{node.fn}_tile", str(slot))
+            return r
+        if node.op == "colsum":
+            cbn, onen = f"tt::CBIndex::c_{node.cb}", f"tt::CBIndex::c_{self.scaler()}"
+            c.call("reconfig_data_format", cbn, onen)
+            c.call("reduce_init", cbn, onen, cbn, template=("PoolType::SUM", "ReduceDim::REDUCE_COL"))
+            c.call("reduce_tile", cbn, onen, "0", "0", str(slot), template=("PoolType::SUM", "ReduceDim::REDUCE_COL"))
+            c.call("reduce_uninit")  # a normal pack: the packer keeps every row
+            pops.append(node.cb)
+            node.cb = -1
+            return True
+        if node.op == "binary":
+            a, b = node.kids
+            if b.op == "scalar" or a.op == "scalar":
+                x, s = (a, b) if b.op == "scalar" else (b, a)
+                r = self.eval(x, slot, j, pops)
+                fn = node.fn if b.op == "scalar" else {"sub": "rsub", "add": "add", "mul": "mul"}.get(node.fn)
+                c.call("binop_with_scalar_tile_init")
+                if fn is None:  # scalar / x
+                    c.call("recip_tile_init")
+                    c.call("recip_tile", str(slot))
+                    c.call("binop_with_scalar_tile_init")
+                    fn = "mul"
+                c.call(f"{fn}_unary_tile", str(slot), c.val(s.scalar))
+                return r
+            first, second = (a, b) if a.need() >= b.need() else (b, a)
+            r1 = self.eval(first, slot, j, pops)
+            r2 = self.eval(second, slot + 1, j, pops)
+            ia, ib = (slot, slot + 1) if first is a else (slot + 1, slot)
+            c.call(f"{node.fn}_binary_tile_init")
+            c.call(f"{node.fn}_binary_tile", str(ia), str(ib), str(slot))
+            return r1 or r2
+        raise TtUnsupported(self.name, f"evaluating {node.op}")
+
+
+class LowerToTtKernel(ModulePass):
+    """Replace every resident ``tile.kernel`` by its ``ttk.program`` (see the module docstring)."""
+
+    name = "lower-to-ttkernel"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for kern in list(op.body.block.ops):
+            if isinstance(kern, t.KernelOp):
+                if any(d.data not in TT_DTYPES for d in kern.dtype_vars.data.values()):
+                    op.body.block.erase_op(kern)  # (f16, 64-bit: no TT-Metal instance)
+                    continue
+                prog = Lowering(kern).run()
+                op.body.block.insert_op_before(prog, kern)
+                op.body.block.erase_op(kern)

@@ -1,0 +1,82 @@
+"""``size-tiles-tt``: the tile sizes of TT-Metal kernels, as the host's ``tile.tiling`` function.
+
+Tensix tiles are 32x32 (four 16x16 faces), so a row block is 32 rows (``rows``) and a column chunk
+32 columns (``col_chunk``). Row blocks are walked in groups of ``group`` consecutive blocks; a
+group is the unit a core takes and the unit of the partial column sums (one partial row per
+group, added in group order by the next launch). ``group`` depends on the number of row blocks
+only — never on the number of cores — so results are bitwise identical on any grid: the groups
+are at most ``GROUPS`` (enough for an 8x8 Wormhole grid).
+
+Only the resident schedule (whole rows of a row block in L1) is kept: the host checks it fits the
+L1 budget (opgen/ttmetal/lower.py); column-chunked rows (the Ascend ``streamed`` kernel) are not
+lowered for TT-Metal yet.
+"""
+
+from __future__ import annotations
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from opgen.ir import dialect as ir
+from opgen.tile import dialect as t
+from opgen.tile.dialect import INDEX
+
+TILE = 32
+#: the most groups (partial rows) a row walk is split into: one per core of an 8x8 grid
+GROUPS = 64
+
+
+class SizeTilesTt(ModulePass):
+    """Fill each resident ``tile.kernel``'s ``tile.tiling`` with TT tile sizes; drop the other
+    schedules (see the module docstring)."""
+
+    name = "size-tiles-tt"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for k in list(op.body.block.ops):
+            if not isinstance(k, t.KernelOp):
+                continue
+            if k.attributes.get("schedule") is not None and k.attributes["schedule"].data != "resident":
+                op.body.block.erase_op(k)
+                continue
+            tiling = next(o for o in k.body.block.ops if isinstance(o, t.TilingOp))
+            for o in list(tiling.body.block.ops):
+                tiling.body.block.erase_op(o)
+            b = _Builder(tiling.body.block)
+            one, tile = b.const(1), b.const(TILE)
+            n = b.op(ir.DimOp("N")) if _uses_dim(k, "N") else one
+            tiles = b.ceil_div(n, tile)
+            group = b.op(ir.MaxOp(b.ceil_div(tiles, b.const(GROUPS)), one))
+            b.set("rows", tile)
+            b.set("tiles", tiles)
+            b.set("group", group)
+            b.set("groups", b.ceil_div(tiles, group))
+            b.set("col_chunk", tile)
+            d = b.op(ir.DimOp("D")) if _uses_dim(k, "D") else one
+            b.set("col_chunks", b.ceil_div(d, tile))
+
+
+def _uses_dim(k: t.KernelOp, dim: str) -> bool:
+    return any(isinstance(o, ir.DimOp) and o.dim.data == dim for o in k.walk())
+
+
+class _Builder:
+    def __init__(self, block):
+        self.block = block
+
+    def op(self, o):
+        Rewriter.insert_op(o, InsertPoint.at_end(self.block))
+        return o.results[0] if o.results else o
+
+    def const(self, v: int) -> SSAValue:
+        return self.op(ir.ConstantOp(v, INDEX.dtype))
+
+    def ceil_div(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        one = self.const(1)
+        return self.op(ir.DivOp(self.op(ir.SubOp(self.op(ir.AddOp(a, b)), one)), b))
+
+    def set(self, param: str, v: SSAValue) -> None:
+        self.op(t.SetParamOp(param, v))

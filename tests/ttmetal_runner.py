@@ -1,0 +1,183 @@
+"""Run an op's generated TT-Metal program (generated/ttmetal/<op>/) on the CPU model of TT-Metal
+(tests/ttmetal_model) — a test harness, not a product.
+
+``build(op)`` writes the op's generated files plus a small ``main.cpp`` (from its manifest) and
+compiles them with the model's host shim (tests/ttmetal_model/build.py); the kernels are compiled
+by the model's ``CreateKernel`` at run time. ``run(exe, variant, args, grid)`` converts the numpy
+arguments to tile layout (32x32 tiles of four 16x16 faces, padding filled with NaN so that a
+kernel that reads padding as data is caught), runs the program in a subprocess (a rule violation
+of the model aborts it) and returns every tensor argument back in its logical shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from opgen import registry
+from opgen.emit import ttmetal
+from tests.ttmetal_model import build as model_build
+
+REPO = Path(__file__).resolve().parent.parent
+NP = {"bf16": ml_dtypes.bfloat16, "f32": np.float32}
+
+MAIN = r"""// runner: argv = kernel_dir variant in_dir out_dir grid_x grid_y dims... scalars...
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <string>
+#include <vector>
+#include "host.hpp"
+
+using namespace tt::tt_metal;
+
+static std::vector<uint8_t> slurp(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) { std::fprintf(stderr, "runner: cannot read %s\n", path.c_str()); std::exit(2); }
+    return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
+}
+
+int main(int argc, char** argv) {
+    if (argc < 7) { std::fprintf(stderr, "runner: usage\n"); return 2; }
+    const std::string dir = argv[1], variant = argv[2], in = argv[3], out = argv[4];
+    const CoreCoord grid{(std::size_t)std::atoi(argv[5]), (std::size_t)std::atoi(argv[6])};
+    auto mesh = distributed::MeshDevice::create_unit_mesh(0);
+    auto& cq = mesh->mesh_command_queue();
+    std::map<std::string, std::shared_ptr<distributed::MeshBuffer>> bufs;
+    auto make = [&](const std::string& name, uint32_t page) {
+        const char* alias = std::getenv(("ALIAS_" + name).c_str());  // in place: the same buffer
+        if (alias && bufs.count(alias)) return bufs[name] = bufs[alias];
+        std::vector<uint8_t> data = slurp(in + "/" + name + ".bin");
+        auto buf = distributed::MeshBuffer::create(
+            distributed::ReplicatedBufferConfig{.size = (uint64_t)data.size()},
+            distributed::DeviceLocalBufferConfig{.page_size = page, .buffer_type = BufferType::DRAM}, mesh.get());
+        if (!data.empty()) distributed::EnqueueWriteMeshBuffer(cq, buf, data, false);
+        return bufs[name] = buf;
+    };
+    int rc = -1;
+    int a = 7;
+    (void)a;
+{cases}
+    if (rc < 0) { std::fprintf(stderr, "runner: unknown variant %s\n", variant.c_str()); return 2; }
+    if (rc != 0) return 3;
+    distributed::Finish(cq);
+    for (auto& [name, buf] : bufs) {
+        std::vector<uint8_t> data;
+        if (buf->size()) distributed::EnqueueReadMeshBuffer(cq, data, buf, true);
+        std::ofstream(out + "/" + name + ".bin", std::ios::binary).write((const char*)data.data(), data.size());
+    }
+    return 0;
+}
+"""
+
+
+def manifest(op: str) -> dict:
+    return json.loads(sources(op)[f"ttmetal/{op}/manifest.json"])
+
+
+_SOURCES: dict[str, dict[str, str]] = {}
+
+
+def sources(op: str) -> dict[str, str]:
+    if op not in _SOURCES:
+        _SOURCES[op] = ttmetal.op_sources(registry.get(op))
+    return _SOURCES[op]
+
+
+def main_cpp(man: dict) -> str:
+    cases = []
+    for v in man["variants"]:
+        args, lines = [], []
+        ndims = len(v["dims"])
+        for i, d in enumerate(v["dims"]):
+            lines.append(f"        const uint32_t {d} = (uint32_t)std::strtoul(argv[{7 + i}], nullptr, 10);")
+        s = 0
+        for a in v["args"]:
+            if a["kind"] == "tensor":
+                page = 2048 if a["dtype"] == "bf16" else 4096
+                lines.append(f'        auto {a["name"]} = make("{a["name"]}", {page});')
+            else:
+                lines.append(f'        const float {a["name"]} = std::strtof(argv[{7 + ndims + s}], nullptr);')
+                s += 1
+            args.append(a["name"])
+        call = f'opgen_tt::{v["function"]}(*mesh, dir, grid, {", ".join(args + v["dims"])})'
+        cases.append(f'    if (variant == "{v["variant"]}") {{\n' + "\n".join(lines) + f"\n        rc = {call};\n    }}")
+    return MAIN.replace("{cases}", "\n".join(cases))
+
+
+def build(op: str, out_dir: Path) -> Path:
+    """The op's runner executable (cached by the model's build)."""
+    files = {p.removeprefix(f"ttmetal/{op}/"): t for p, t in sources(op).items()}
+    files["main.cpp"] = main_cpp(manifest(op))
+    return model_build.build_host(files, out_dir, exe_name=f"run_{op}")
+
+
+# ---------------------------------------------------------------------------- tile layout
+def tilize(a: np.ndarray) -> np.ndarray:
+    """A 2-d array in tile layout (tiles row-major, faces row-major in a tile); padding NaN."""
+    r, c = a.shape
+    R, C = -(-r // 32) * 32, -(-c // 32) * 32
+    p = np.full((R, C), np.nan, dtype=a.dtype)
+    p[:r, :c] = a
+    t = p.reshape(R // 32, 2, 16, C // 32, 2, 16).transpose(0, 3, 1, 4, 2, 5)
+    return np.ascontiguousarray(t).reshape(-1)
+
+
+def untilize(flat: np.ndarray, r: int, c: int) -> np.ndarray:
+    R, C = -(-r // 32) * 32, -(-c // 32) * 32
+    t = flat.reshape(R // 32, C // 32, 2, 2, 16, 16).transpose(0, 2, 4, 1, 3, 5).reshape(R, C)
+    return t[:r, :c]
+
+
+def as_2d(shape: tuple[int, ...]) -> tuple[int, int]:
+    """[..., D] tensors as [prod(...), D]; [D] as [1, D] (one row of tiles)."""
+    if len(shape) == 1:
+        return 1, shape[0]
+    return int(np.prod(shape[:-1])), shape[-1]
+
+
+def run(exe: Path, op: str, args: dict[str, Any], tmp: Path, grid: tuple[int, int] = (8, 8),
+        alias: dict[str, str] | None = None, env: dict[str, str] | None = None,
+        ) -> tuple[subprocess.CompletedProcess, dict[str, np.ndarray]]:
+    """Run the variant of ``op`` whose dtypes match ``args`` on a ``grid`` of model cores."""
+    man = manifest(op)
+    for v in man["variants"]:
+        if all(a["kind"] != "tensor" or NP[a["dtype"]] == args[a["name"]].dtype for a in v["args"]):
+            break
+    else:
+        raise KeyError(f"no TT-Metal variant of {op} for these dtypes")
+    in_dir, out_dir = tmp / "in", tmp / "out"
+    in_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dims: dict[str, int] = {}
+    for a in v["args"]:
+        if a["kind"] != "tensor":
+            continue
+        x = args[a["name"]]
+        r, c = as_2d(x.shape)
+        for sym, n in zip(a["shape"][-2:] if len(a["shape"]) > 1 else a["shape"], (r, c)[-len(a["shape"]):],
+                          strict=True):
+            dims[sym] = n
+        tilize(x.reshape(r, c)).tofile(in_dir / f"{a['name']}.bin")
+    argv = [str(exe), str(exe.parent / "src"), v["variant"], str(in_dir), str(out_dir), str(grid[0]), str(grid[1]),
+            *(str(dims[d]) for d in v["dims"]),
+            *(repr(float(args[a["name"]])) for a in v["args"] if a["kind"] == "scalar")]
+    e = dict(os.environ, **(env or {}), **{f"ALIAS_{k}": w for k, w in (alias or {}).items()})
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=e)
+    outs = {}
+    if p.returncode == 0:
+        for a in v["args"]:
+            if a["kind"] == "tensor":
+                x = args[a["name"]]
+                r, c = as_2d(x.shape)
+                flat = np.fromfile(out_dir / f"{a['name']}.bin", dtype=x.dtype)
+                outs[a["name"]] = untilize(flat, r, c).reshape(x.shape) if flat.size else np.empty(x.shape, x.dtype)
+    return p, outs
