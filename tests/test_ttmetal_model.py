@@ -10,6 +10,10 @@ subprocesses (a rule violation aborts the process).
   mul/add_unary, rsqrt), y = x * rstd (bcast cols) * w (bcast rows), column sums (reduce COL), and
   e = (x - w) * recip(x*x + 1) in DST (copy_tile, SFPU binary ops, fill_tile, recip), bf16 and f32,
   against float64 numpy; then the same program on 2-4 cores must give the 1-core bytes exactly.
+* A third program (``bx_*`` kernels) on the distributed host API (MeshDevice, MeshBuffer, TensorAccessorArgs
+  .append_to, split_work_to_cores on a 2x2 grid, MeshWorkload, EnqueueWrite/ReadMeshBuffer): unary_bcast
+  ROW/COL/SCALAR, mask_tile (a select: NaN/inf under a zero mask become 0) and exp_tile, bf16 and f32, plus
+  its rule cases (missing/wrong unary_bcast_init, mask not in DST[d+1], host data of the wrong size).
 * All kernels through ``shared/tools/tt-kernel-check --werror`` (real 0.81.1 headers), when the
   tool is present, to keep the spellings honest.
 """
