@@ -10,6 +10,10 @@ subprocesses (a rule violation aborts the process).
   mul/add_unary, rsqrt), y = x * rstd (bcast cols) * w (bcast rows), column sums (reduce COL), and
   e = (x - w) * recip(x*x + 1) in DST (copy_tile, SFPU binary ops, fill_tile, recip), bf16 and f32,
   against float64 numpy; then the same program on 2-4 cores must give the 1-core bytes exactly.
+* A third program (``bx_*`` kernels) on the distributed host API (MeshDevice, MeshBuffer, TensorAccessorArgs
+  .append_to, split_work_to_cores on a 2x2 grid, MeshWorkload, EnqueueWrite/ReadMeshBuffer): unary_bcast
+  ROW/COL/SCALAR, mask_tile (a select: NaN/inf under a zero mask become 0) and exp_tile, bf16 and f32, plus
+  its rule cases (missing/wrong unary_bcast_init, mask not in DST[d+1], host data of the wrong size).
 * All kernels through ``shared/tools/tt-kernel-check --werror`` (real 0.81.1 headers), when the
   tool is present, to keep the spellings honest.
 """
@@ -17,6 +21,7 @@ subprocesses (a rule violation aborts the process).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -390,7 +395,11 @@ def test_kernels_pass_the_real_header_check(tmp_path):
            "rms_reader.cpp": (RMS_READER, "reader", "2,2048,2,2048"),
            "rms_writer.cpp": (RMS_WRITER, "writer", "2,2048,2,2048,2,2048,2,2048"),
            "rms_compute.cpp": (RMS_COMPUTE, "compute", "3,1009429163,1015021568"),
-           "rms_compute_f32.cpp": (RMS_COMPUTE, "compute", "3,1009429163,1015021568", *f32)}
+           "rms_compute_f32.cpp": (RMS_COMPUTE, "compute", "3,1009429163,1015021568", *f32),
+           "bx_reader.cpp": (BX_READER, "reader", "2,2048,2,2048"),
+           "bx_writer.cpp": (BX_WRITER, "writer", "2,2048,2,2048,2,2048"),
+           "bx_compute.cpp": (BX_COMPUTE, "compute", "0"),
+           "bx_compute_f32.cpp": (BX_COMPUTE, "compute", "0", "--fp32-dest-acc", "--default-format", "Float32")}
     inst = subprocess.run([str(CHECKER), "--install"], capture_output=True, text=True, timeout=600)
     if inst.returncode != 0:
         pytest.skip(f"tt-kernel-check --install failed: {inst.stdout[-400:]}{inst.stderr[-400:]}")
@@ -807,3 +816,331 @@ def test_multicore_matches_single_core(rms_host, tmp_path, f32):
         outs = dict(ex.map(lambda c: (c, rms_run(rms_host, f32=f32, cores=c, tmp=tmp_path)), [1, 2, 3, 4]))
     for c in (2, 3, 4):
         assert outs[c] == outs[1], f"{c} cores differ from 1 core"
+
+
+# ---- a third program: unary_bcast ROW/COL/SCALAR, mask_tile, exp_tile on the distributed host API ----
+
+BX_READER = r"""
+// reader: tiles [first, first + n) of a (the mask) -> c_0 and of b -> c_1
+#include <cstdint>
+#include "api/dataflow/dataflow_api.h"
+
+void kernel_main() {
+    const uint32_t a_addr = get_arg_val<uint32_t>(0);
+    const uint32_t b_addr = get_arg_val<uint32_t>(1);
+    const uint32_t first = get_arg_val<uint32_t>(2);
+    const uint32_t n = get_arg_val<uint32_t>(3);
+    constexpr uint32_t cb_a = tt::CBIndex::c_0, cb_b = tt::CBIndex::c_1;
+    constexpr auto a_args = TensorAccessorArgs<0>();
+    constexpr auto b_args = TensorAccessorArgs<a_args.next_compile_time_args_offset()>();
+    const auto a = TensorAccessor(a_args, a_addr, get_tile_size(cb_a));
+    const auto b = TensorAccessor(b_args, b_addr, get_tile_size(cb_b));
+    for (uint32_t t = first; t < first + n; ++t) {
+        cb_reserve_back(cb_a, 1);
+        cb_reserve_back(cb_b, 1);
+        noc_async_read_page(t, a, get_write_ptr(cb_a));
+        noc_async_read_page(t, b, get_write_ptr(cb_b));
+        noc_async_read_barrier();
+        cb_push_back(cb_a, 1);
+        cb_push_back(cb_b, 1);
+    }
+}
+"""
+
+BX_COMPUTE = r"""
+// compute, per tile: o0 = exp(b's row 0 down all rows)        (unary_bcast<ROW>, exp_tile)
+//                    o1 = (b's column 0 across) where a != 0   (unary_bcast<COL>, copy_tile a -> DST[1], mask_tile)
+//                    o2 = b[0][0] everywhere                   (unary_bcast<SCALAR>, unary_bcast_uninit)
+#include <cstdint>
+#include "api/compute/compute_kernel_hw_startup.h"
+#include "api/compute/bcast.h"
+#include "api/compute/tile_move_copy.h"
+#include "api/compute/mask.h"
+#include "api/compute/eltwise_unary/exp.h"
+#include "api/compute/reg_api.h"
+#include "api/compute/pack.h"
+#include "api/compute/cb_api.h"
+#include "api/compute/reconfig_data_format.h"
+#ifndef RULE
+#define RULE 0
+#endif
+
+void kernel_main() {
+    const uint32_t n = get_arg_val<uint32_t>(0);
+    constexpr uint32_t cb_a = tt::CBIndex::c_0, cb_b = tt::CBIndex::c_1;
+    constexpr uint32_t cb_o0 = tt::CBIndex::c_16, cb_o1 = tt::CBIndex::c_17, cb_o2 = tt::CBIndex::c_18;
+    compute_kernel_hw_startup(cb_b, cb_o0);
+    for (uint32_t t = 0; t < n; ++t) {
+        cb_wait_front(cb_a, 1);
+        cb_wait_front(cb_b, 1);
+
+        tile_regs_acquire();
+        reconfig_data_format_srca(cb_b);
+        unary_bcast_init<BroadcastType::ROW>(cb_b);
+        unary_bcast<BroadcastType::ROW>(cb_b, 0, 0);
+        exp_tile_init();
+        exp_tile(0);
+        tile_regs_commit();
+        tile_regs_wait();
+        cb_reserve_back(cb_o0, 1);
+        pack_reconfig_data_format(cb_o0);
+        pack_tile(0, cb_o0);
+        cb_push_back(cb_o0, 1);
+        tile_regs_release();
+
+        tile_regs_acquire();
+#if RULE != 1
+        unary_bcast_init<BroadcastType::COL>(cb_b);
+#endif
+        unary_bcast<BroadcastType::COL>(cb_b, 0, 0);
+        reconfig_data_format_srca(cb_b, cb_a);
+        copy_init(cb_a);
+        copy_tile(cb_a, 0, 1);
+        mask_tile_init();
+#if RULE == 2
+        mask_tile(0, 2);
+#else
+        mask_tile(0, 1);
+#endif
+        tile_regs_commit();
+        tile_regs_wait();
+        cb_reserve_back(cb_o1, 1);
+        pack_tile(0, cb_o1);
+        cb_push_back(cb_o1, 1);
+        tile_regs_release();
+
+        tile_regs_acquire();
+#if RULE == 3
+        unary_bcast_init<BroadcastType::SCALAR>(cb_a);
+#else
+        reconfig_data_format_srca(cb_a, cb_b);
+        unary_bcast_init<BroadcastType::SCALAR>(cb_b);
+#endif
+        unary_bcast<BroadcastType::SCALAR>(cb_b, 0, 0);
+        unary_bcast_uninit<BroadcastType::SCALAR>(cb_b);
+        tile_regs_commit();
+        tile_regs_wait();
+        cb_reserve_back(cb_o2, 1);
+        pack_tile(0, cb_o2);
+        cb_push_back(cb_o2, 1);
+        tile_regs_release();
+
+        cb_pop_front(cb_a, 1);
+        cb_pop_front(cb_b, 1);
+    }
+}
+"""
+
+BX_WRITER = r"""
+// writer: c_16, c_17, c_18 -> tiles [first, first + n) of o0, o1, o2
+#include <cstdint>
+#include "api/dataflow/dataflow_api.h"
+
+void kernel_main() {
+    const uint32_t o0_addr = get_arg_val<uint32_t>(0);
+    const uint32_t o1_addr = get_arg_val<uint32_t>(1);
+    const uint32_t o2_addr = get_arg_val<uint32_t>(2);
+    const uint32_t first = get_arg_val<uint32_t>(3);
+    const uint32_t n = get_arg_val<uint32_t>(4);
+    constexpr uint32_t cb_o0 = tt::CBIndex::c_16, cb_o1 = tt::CBIndex::c_17, cb_o2 = tt::CBIndex::c_18;
+    constexpr auto o0_args = TensorAccessorArgs<0>();
+    constexpr auto o1_args = TensorAccessorArgs<o0_args.next_compile_time_args_offset()>();
+    constexpr auto o2_args = TensorAccessorArgs<o1_args.next_compile_time_args_offset()>();
+    const auto o0 = TensorAccessor(o0_args, o0_addr, get_tile_size(cb_o0));
+    const auto o1 = TensorAccessor(o1_args, o1_addr, get_tile_size(cb_o1));
+    const auto o2 = TensorAccessor(o2_args, o2_addr, get_tile_size(cb_o2));
+    for (uint32_t t = first; t < first + n; ++t) {
+        cb_wait_front(cb_o0, 1);
+        noc_async_write_page(t, o0, get_read_ptr(cb_o0));
+        cb_wait_front(cb_o1, 1);
+        noc_async_write_page(t, o1, get_read_ptr(cb_o1));
+        cb_wait_front(cb_o2, 1);
+        noc_async_write_page(t, o2, get_read_ptr(cb_o2));
+        noc_async_writes_flushed();
+        cb_pop_front(cb_o0, 1);
+        cb_pop_front(cb_o1, 1);
+        cb_pop_front(cb_o2, 1);
+    }
+    noc_async_write_barrier();
+}
+"""
+
+BX_HOST = r"""
+// host: argv = kernel_dir f32(0|1) n_tiles rule in.bin out.bin; in = a (mask) tiles then b tiles; out = o0, o1, o2.
+// Then a page-layout check of MeshBuffer with a page size that is not a multiple of the DRAM alignment.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+#include <tt-metalium/host_api.hpp>
+#include <tt-metalium/distributed.hpp>
+#include <tt-metalium/tensor_accessor_args.hpp>
+#include <tt-metalium/work_split.hpp>
+
+using namespace tt::tt_metal;
+
+int main(int argc, char **argv) {
+    if (argc != 7) { fprintf(stderr, "usage\n"); return 2; }
+    const std::string dir = argv[1];
+    const bool f32 = atoi(argv[2]) != 0;
+    const uint32_t n = (uint32_t)atoi(argv[3]);
+    const int rule = atoi(argv[4]);
+    const tt::DataFormat fmt = f32 ? tt::DataFormat::Float32 : tt::DataFormat::Float16_b;
+    const uint32_t page = f32 ? 4096 : 2048;
+    std::vector<uint8_t> in(2 * n * page);
+    FILE *fi = fopen(argv[5], "rb");
+    if (!fi || fread(in.data(), 1, in.size(), fi) != in.size()) { fprintf(stderr, "bad input\n"); return 2; }
+    fclose(fi);
+
+    auto mesh_device = distributed::MeshDevice::create_unit_mesh(0);
+    distributed::MeshCommandQueue &cq = mesh_device->mesh_command_queue();
+    distributed::DeviceLocalBufferConfig dram{.page_size = page, .buffer_type = BufferType::DRAM};
+    distributed::ReplicatedBufferConfig size{.size = n * page};
+    auto a = distributed::MeshBuffer::create(size, dram, mesh_device.get());
+    auto b = distributed::MeshBuffer::create(size, dram, mesh_device.get());
+    std::vector<std::shared_ptr<distributed::MeshBuffer>> o;
+    for (int i = 0; i < 3; ++i) o.push_back(distributed::MeshBuffer::create(size, dram, mesh_device.get()));
+    std::vector<uint8_t> a_host(in.begin(), in.begin() + n * page), b_host(in.begin() + n * page, in.end());
+    if (rule == 9) a_host.pop_back();  // one byte short: a model error
+    distributed::EnqueueWriteMeshBuffer(cq, a, a_host, false);
+    distributed::EnqueueWriteMeshBuffer(cq, b, b_host, false);
+
+    auto [num_cores, all, g1, g2, n1, n2] = split_work_to_cores(mesh_device->compute_with_storage_grid_size(), n);
+    Program program = CreateProgram();
+    auto cb = [&](uint8_t idx) {
+        CreateCircularBuffer(program, all, CircularBufferConfig(2 * page, {{idx, fmt}}).set_page_size(idx, page));
+    };
+    for (uint8_t idx : {tt::CBIndex::c_0, tt::CBIndex::c_1, tt::CBIndex::c_16, tt::CBIndex::c_17, tt::CBIndex::c_18}) cb(idx);
+    std::vector<uint32_t> rct, wct;
+    TensorAccessorArgs(a).append_to(rct);
+    TensorAccessorArgs(*b).append_to(rct);
+    TensorAccessorArgs(o[0]).append_to(wct);
+    TensorAccessorArgs(o[1].get()).append_to(wct);
+    TensorAccessorArgs(*o[2]).append_to(wct);
+    std::map<std::string, std::string> defs;
+    if (rule >= 1 && rule <= 3) defs["RULE"] = std::to_string(rule);
+    auto reader = CreateKernel(program, dir + "/bx_reader.cpp", all, ReaderDataMovementConfig(rct));
+    auto writer = CreateKernel(program, dir + "/bx_writer.cpp", all, WriterDataMovementConfig(wct));
+    auto compute = CreateKernel(program, dir + "/bx_compute.cpp", all, ComputeConfig{.fp32_dest_acc_en = f32, .defines = defs});
+    uint32_t first = 0;
+    for (const CoreCoord &core : corerange_to_cores(all)) {
+        bool in_g1 = false;
+        for (const CoreCoord &c : corerange_to_cores(g1)) in_g1 |= c == core;
+        const uint32_t k = in_g1 ? n1 : n2;
+        SetRuntimeArgs(program, reader, core, {(uint32_t)a->address(), (uint32_t)b->address(), first, k});
+        SetRuntimeArgs(program, compute, core, {k});
+        SetRuntimeArgs(program, writer, core,
+                       {(uint32_t)o[0]->address(), (uint32_t)o[1]->address(), (uint32_t)o[2]->address(), first, k});
+        first += k;
+    }
+    if (first != n || num_cores != all.num_cores() || g1.num_cores() + g2.num_cores() != num_cores) {
+        fprintf(stderr, "split_work_to_cores: inconsistent split\n");
+        return 3;
+    }
+    printf("split %u cores: %u x %u tiles + %u x %u tiles\n", num_cores, g1.num_cores(), n1, g2.num_cores(), n2);
+    distributed::MeshWorkload workload;
+    workload.add_program(distributed::MeshCoordinateRange(mesh_device->shape()), std::move(program));
+    distributed::EnqueueMeshWorkload(cq, workload, false);
+    distributed::Finish(cq);
+
+    FILE *fo = fopen(argv[6], "wb");
+    for (auto &buf : o) {
+        std::vector<uint32_t> host;
+        distributed::EnqueueReadMeshBuffer(cq, host, buf, true);
+        fwrite(host.data(), 4, host.size(), fo);
+    }
+    fclose(fo);
+
+    // pages of 48 B lie 64 B apart (Wormhole DRAM alignment 32 B); the host sees them densely
+    distributed::DeviceLocalBufferConfig odd{.page_size = 48, .buffer_type = BufferType::DRAM};
+    auto c = distributed::MeshBuffer::create(distributed::ReplicatedBufferConfig{.size = 5 * 48}, odd, mesh_device.get());
+    std::vector<uint16_t> src(5 * 24), back;
+    for (size_t i = 0; i < src.size(); ++i) src[i] = (uint16_t)(1000 + i);
+    distributed::EnqueueWriteMeshBuffer(cq, c, src, true);
+    distributed::EnqueueReadMeshBuffer(cq, back, c, true);
+    std::vector<uint32_t> cct = TensorAccessorArgs(c).get_compile_time_args();
+    uint16_t page3;
+    memcpy(&page3, ttmodel::dram_ptr((uint32_t)c->address() + 3 * 64), 2);
+    if (back != src || cct != std::vector<uint32_t>{2, 64} || page3 != 1000 + 3 * 24 || c->page_size() != 48 ||
+        c->size() != 240 || c->address() % 32) {
+        fprintf(stderr, "MeshBuffer layout check failed\n");
+        return 4;
+    }
+    if (!mesh_device->close()) return 5;
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def bx_host():
+    OUT.mkdir(parents=True, exist_ok=True)
+    return model_build.build_host({"bx_host.cpp": BX_HOST, "bx_reader.cpp": BX_READER, "bx_compute.cpp": BX_COMPUTE,
+                                   "bx_writer.cpp": BX_WRITER}, OUT, exe_name="bx_host")
+
+
+BX_N = 5  # tiles; on a 2x2 grid: one core takes 2 tiles, three take 1
+
+
+def bx_inputs():
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((32 * BX_N, 32)).astype(np.float32)
+    a[rng.random(a.shape) < 0.3] = 0.0
+    a[rng.random(a.shape) < 0.05] = -0.0
+    b = rng.standard_normal((32 * BX_N, 32)).astype(np.float32)
+    for t in range(BX_N):  # NaN / inf in column 0 where the whole row of the mask is 0: masked, not multiplied
+        a[32 * t + 3], a[32 * t + 20] = 0.0, -0.0
+        b[32 * t + 3, 0], b[32 * t + 20, 0] = np.nan, -np.inf
+    return a, b
+
+
+def bx_run(host: Path, *, f32: bool, rule: int, tmp: Path, grid: str = "2x2"):
+    dt = np.float32 if f32 else BF16
+    a, b = bx_inputs()
+    inp, out = tmp / f"bx_in{int(f32)}_{rule}.bin", tmp / f"bx_out{int(f32)}_{rule}.bin"
+    np.concatenate([tilize(a.astype(dt)), tilize(b.astype(dt))]).tofile(inp)
+    r = subprocess.run([str(host), str(OUT / "src"), str(int(f32)), str(BX_N), str(rule), str(inp), str(out)],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "OPGEN_TT_GRID": grid})
+    return r, (np.fromfile(out, dtype=dt) if r.returncode == 0 else None)
+
+
+@pytest.mark.parametrize("f32", [False, True], ids=["bf16", "f32"])
+def test_unary_bcast_mask_exp_distributed(bx_host, tmp_path, f32):
+    """unary_bcast ROW/COL/SCALAR, exp_tile, mask_tile, on MeshDevice/MeshBuffer/MeshWorkload and split_work_to_cores."""
+    r, out = bx_run(bx_host, f32=f32, rule=0, tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "split 4 cores: 1 x 2 tiles + 3 x 1 tiles" in r.stdout
+    dt = np.float32 if f32 else BF16
+    a, b = (v.astype(dt).astype(np.float32) for v in bx_inputs())
+    n = BX_N * 1024
+    o0, o1, o2 = (untilize(out[i * n:(i + 1) * n].astype(np.float32), BX_N) for i in range(3))
+    bt, at = b.reshape(BX_N, 32, 32), a.reshape(BX_N, 32, 32)
+    row = np.broadcast_to(bt[:, :1, :], bt.shape)
+    col = np.broadcast_to(bt[:, :, :1], bt.shape)
+    scalar = np.broadcast_to(bt[:, :1, :1], bt.shape)
+    # unary_bcast is exact (bf16 CB -> bf16 DST, f32 CB -> f32 DST by unpack-to-dest); exp is expf, rounded by DST/pack
+    ref0 = np.exp(row.astype(np.float64))
+    np.testing.assert_allclose(o0.reshape(bt.shape), ref0, rtol=1e-6 if f32 else 8e-3)
+    assert np.array_equal(o1.reshape(bt.shape), np.where(at == 0, 0.0, col)), "mask_tile selects (NaN/inf under a 0 mask -> 0)"
+    assert not np.isnan(o1).any()
+    assert np.array_equal(o2.reshape(bt.shape), scalar)
+
+
+BX_RULES = {
+    1: "rule 5 (init): unary_bcast<COL>(1, ...) needs unary_bcast_init<COL>(1) as the last FPU init "
+       "(the last one was unary_bcast_init<ROW>(1))",
+    2: "rule 0 (model): mask_tile(0, 2): the hardware reads the mask from DST[1] (idst_data + 1)",
+    3: "rule 5 (init): unary_bcast<SCALAR>(1, ...) needs unary_bcast_init<SCALAR>(1) as the last FPU init "
+       "(the last one was unary_bcast_init<SCALAR>(0))",
+    9: "rule 0 (model): EnqueueWriteMeshBuffer: 10239 elements of 1 B = 10239 B of host data for a MeshBuffer of 10240 B",
+}
+
+
+def test_unary_bcast_mask_distributed_rules(bx_host, tmp_path):
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex:
+        results = dict(ex.map(lambda c: (c, bx_run(bx_host, f32=False, rule=c, tmp=tmp_path)[0]), BX_RULES))
+    bad = [f"case {c}: rc={results[c].returncode} want {w!r}\n{results[c].stderr[-800:]}"
+           for c, w in BX_RULES.items() if results[c].returncode == 0 or w not in results[c].stderr]
+    assert not bad, "\n".join(bad)
+    line = BX_COMPUTE.split("\n").index("        unary_bcast<BroadcastType::COL>(cb_b, 0, 0);") + 1
+    assert re.search(rf"\[core \(\d,\d\) compute kernel bx_compute.cpp:{line}\]", results[1].stderr), results[1].stderr

@@ -181,7 +181,9 @@ struct ComputeState {
     float dst[16][kTileElems];
     bool valid[16] = {};
     bool from_reduce[16] = {};
-    std::string fpu_init;   /* last FPU init: "copy", "add", "mul_bcast_rows", "reduce_sum_row", ... */
+    std::string fpu_init;   /* last FPU init: "copy", "add", "mul_bcast_rows", "reduce_sum_row", "unary_bcast_row", ... */
+    std::string fpu_init_call; /* how that init reads in messages: "add_init", "unary_bcast_init<ROW>(c_0)" */
+    int fpu_cb = -1;        /* the first CB of that init */
     tt::DataFormat fpu_fmt[2] = {tt::DataFormat::Invalid, tt::DataFormat::Invalid};
     bool acc_to_dest = false;
     std::string sfpu_init;  /* last SFPU init since the last FPU init, "" if none */

@@ -20,6 +20,8 @@
 #define DST_ACCUM_MODE 0
 #endif
 
+using tt::DataFormat; /* the device headers' DataFormat is a global enum (tensix_types.h) */
+
 namespace ckernel {
 enum class PoolType : std::uint8_t { SUM, AVG, MAX, MIN };
 enum class ReduceDim : std::uint8_t { REDUCE_ROW, REDUCE_COL, REDUCE_SCALAR };
@@ -27,10 +29,22 @@ enum class EltwiseBinaryType : std::uint8_t { ELWMUL, ELWDIV, ELWADD, ELWSUB };
 enum class BroadcastType : std::uint8_t { NONE = 0, COL = 1, ROW = 2, SCALAR = 3 };
 enum class VectorMode : std::uint8_t { None = 0, R = 1, C = 2, RC = 4, RC_custom = 6 };
 enum class RsqrtMode { Default, Fast };
+enum class SrcOrder : uint8_t { Regular = 0, Reverse = 1 };
+enum class InputClamping : uint8_t { ClampToNegative = 1, None = 0 };
+namespace p_sfpu {
+constexpr std::uint32_t kCONST_1_FP16B = 0x3F80;
+}
 }  // namespace ckernel
 using namespace ckernel;
 
 namespace ttmodel {
+
+/* the kernel line of an API call whose vendor signature has no call_line parameter: an explicit type, so a
+ * stray extra integer argument does not compile (e.g. the removed 2-argument unary_bcast_init(icb, ocb)) */
+struct CallLine {
+    int v;
+    explicit CallLine(int line) : v(line) {}
+};
 
 inline ComputeState &cstate(Thread &t, const char *fn) {
     if (!t.cs) fail(0, "model", "%s: a compute API called from a %s kernel", fn, role_name(t.role));
@@ -99,6 +113,8 @@ inline void need_valid(Thread &t, ComputeState &s, uint32_t idst, const char *fn
 inline void fpu_init(Thread &t, const std::string &kind, uint32_t cb0, int cb1, const char *fn) {
     ComputeState &s = started(t, fn);
     s.fpu_init = kind;
+    s.fpu_init_call = kind + "_init";
+    s.fpu_cb = (int)cb0;
     s.fpu_fmt[0] = cb_of(t, cb0).format;
     s.fpu_fmt[1] = cb1 >= 0 ? cb_of(t, (uint32_t)cb1).format : tt::DataFormat::Invalid;
     s.sfpu_init.clear();
@@ -106,7 +122,7 @@ inline void fpu_init(Thread &t, const std::string &kind, uint32_t cb0, int cb1, 
 inline void fpu_check(Thread &t, ComputeState &s, const std::string &kind, uint32_t cb0, int cb1, const char *fn) {
     if (s.fpu_init != kind)
         fail(5, "init", "%s needs %s_init since the last FPU init (the last one was %s)", fn, kind.c_str(),
-             s.fpu_init.empty() ? "none" : (s.fpu_init + "_init").c_str());
+             s.fpu_init.empty() ? "none" : s.fpu_init_call.c_str());
     tt::DataFormat f0 = cb_of(t, cb0).format, f1 = cb1 >= 0 ? cb_of(t, (uint32_t)cb1).format : tt::DataFormat::Invalid;
     if (f0 != s.fpu_fmt[0] || f1 != s.fpu_fmt[1])
         fail(5, "init", "%s: the CB data formats (%s, %s) differ from those of its %s_init (%s, %s)", fn, format_name(f0),
@@ -167,6 +183,7 @@ inline void sfpu_binary(const char *family, const char *fn, uint32_t i0, uint32_
 }  // namespace ttmodel
 
 /* ---- startup, register protocol, pack ---- */
+template <SrcOrder src_order = SrcOrder::Regular>
 inline void compute_kernel_hw_startup(uint32_t icb0, uint32_t icb1, uint32_t ocb, int line = __builtin_LINE()) {
     ttmodel::Thread &t = ttmodel::self(line);
     ttmodel::ComputeState &s = ttmodel::cstate(t, "compute_kernel_hw_startup");
@@ -235,8 +252,12 @@ inline void pack_tile(uint32_t ifrom_dst, uint32_t icb, uint32_t output_tile_ind
 }
 inline void pack_init(uint32_t, int = __builtin_LINE()) {}
 
-/* data-format reconfiguration: the model does not track unpacker/packer formats (docs: unchecked) */
+/* data-format reconfiguration: the model does not track unpacker/packer formats (docs: unchecked).
+ * The 0.81.1 overloads: reconfig_data_format<SrcOrder>(a, b) / (a_old, a_new, b_old, b_new),
+ * reconfig_data_format_src{a,b}(new) / (old, new), pack_reconfig_data_format(new) / (old, new). */
+template <SrcOrder src_order = SrcOrder::Regular>
 inline void reconfig_data_format(uint32_t, uint32_t) {}
+template <SrcOrder src_order = SrcOrder::Regular>
 inline void reconfig_data_format(uint32_t, uint32_t, uint32_t, uint32_t) {}
 inline void reconfig_data_format_srca(uint32_t) {}
 inline void reconfig_data_format_srca(uint32_t, uint32_t) {}
@@ -264,6 +285,65 @@ inline void copy_tile(uint32_t in_cb_id, uint32_t in_tile_index, uint32_t dst_ti
     for (uint32_t i = 0; i < kTileElems; i++) s.dst[dst_tile_index][i] = to_dst(*t.core, exact ? load(f, p, i) : fpu_operand(f, p, i));
     s.valid[dst_tile_index] = true;
     s.from_reduce[dst_tile_index] = false;
+}
+
+/* ---- unary broadcast (unpacker broadcast into DST; api/compute/bcast.h) ----
+ * ROW: row 0 of the CB tile in every row; COL: column 0 in every column; SCALAR: element (0,0) everywhere;
+ * NONE: a plain copy. A Float32 CB is unpacked straight to DST (the header's unpack-to-dest path for a
+ * Float32 unpack destination format) and a Float16_b CB converts exactly, so no TF32 truncation here;
+ * then DST's own rounding (bf16 unless fp32_dest_acc_en). Rule 5: unary_bcast<T>(cb, ...) needs
+ * unary_bcast_init<T>(cb) as the last FPU/unpack init, same broadcast type and same CB. */
+namespace ttmodel {
+inline const char *bcast_type_name(BroadcastType b) {
+    return b == BroadcastType::ROW ? "ROW" : b == BroadcastType::COL ? "COL" : b == BroadcastType::SCALAR ? "SCALAR" : "NONE";
+}
+inline std::string unary_bcast_kind(BroadcastType b) {
+    return std::string("unary_bcast_") + (b == BroadcastType::ROW ? "row" : b == BroadcastType::COL ? "col"
+                                          : b == BroadcastType::SCALAR ? "scalar" : "none");
+}
+}  // namespace ttmodel
+template <BroadcastType bcast_type, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void unary_bcast_init(uint32_t icb, ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) {
+    using namespace ttmodel;
+    Thread &t = self(line.v);
+    fpu_init(t, unary_bcast_kind(bcast_type), icb, -1, "unary_bcast_init");
+    char b[96];
+    snprintf(b, sizeof b, "unary_bcast_init<%s>(%u)", bcast_type_name(bcast_type), icb);
+    t.cs->fpu_init_call = b;
+}
+template <BroadcastType bcast_type, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void unary_bcast(uint32_t icb, uint32_t in_tile_index, uint32_t dst_tile_index, ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) {
+    using namespace ttmodel;
+    Thread &t = self(line.v);
+    char fn[64];
+    snprintf(fn, sizeof fn, "unary_bcast<%s>", bcast_type_name(bcast_type));
+    ComputeState &s = math(t, fn, dst_tile_index);
+    if (s.fpu_init != unary_bcast_kind(bcast_type) || s.fpu_cb != (int)icb)
+        fail(5, "init", "%s(%u, ...) needs unary_bcast_init<%s>(%u) as the last FPU init (the last one was %s)", fn, icb,
+             bcast_type_name(bcast_type), icb, s.fpu_init.empty() ? "none" : s.fpu_init_call.c_str());
+    fpu_check(t, s, unary_bcast_kind(bcast_type), icb, -1, fn); /* the CB data format of the init */
+    const uint8_t *p = in_tile(t, icb, in_tile_index, fn);
+    tt::DataFormat f = cb_of(t, icb).format;
+    for (uint32_t r = 0; r < 32; r++)
+        for (uint32_t c = 0; c < 32; c++) {
+            uint32_t j = bcast_type == BroadcastType::ROW ? tile_index(0, c) : bcast_type == BroadcastType::COL ? tile_index(r, 0)
+                       : bcast_type == BroadcastType::SCALAR ? tile_index(0, 0) : tile_index(r, c);
+            s.dst[dst_tile_index][tile_index(r, c)] = to_dst(*t.core, load(f, p, j));
+        }
+    s.valid[dst_tile_index] = true;
+    s.from_reduce[dst_tile_index] = false;
+}
+/* undoes the unpacker's broadcast mode: every later FPU op needs its own init again */
+template <BroadcastType bcast_type>
+inline void unary_bcast_uninit(uint32_t icb, ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) {
+    using namespace ttmodel;
+    Thread &t = self(line.v);
+    ComputeState &s = started(t, "unary_bcast_uninit");
+    cb_of(t, icb);
+    s.fpu_init.clear();
+    s.fpu_init_call.clear();
+    s.fpu_cb = -1;
+    s.sfpu_init.clear();
 }
 
 /* ---- element-wise binary (FPU) ---- */
@@ -409,6 +489,48 @@ inline void fill_tile_bitcast(uint32_t idst, uint32_t bits, int line = __builtin
     s.from_reduce[idst] = false;
 }
 inline void fill_tile(uint32_t idst, float param0, int line = __builtin_LINE()) { fill_tile_bitcast(idst, ttmodel::f32_bits(param0), line); }
+
+/* exp (api/compute/eltwise_unary/exp.h): expf in f32; with scale_en the input is first multiplied by the
+ * bf16 `scale`. approx and input_clamping are ignored (the exact path); iterations must be 8 and the
+ * vector mode RC (the whole tile) */
+template <bool approx = false, uint32_t scale = 0x3F800000, InputClamping input_clamping = InputClamping::ClampToNegative,
+          bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void exp_tile_init(ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) { ttmodel::sfpu_init(ttmodel::self(line.v), "exp_tile", "exp_tile_init"); }
+template <bool approx = false, bool scale_en = false, InputClamping input_clamping = InputClamping::ClampToNegative,
+          int iterations = 8, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void exp_tile(uint32_t idst, VectorMode vector_mode = VectorMode::RC, uint16_t scale = p_sfpu::kCONST_1_FP16B,
+                     ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) {
+    static_assert(iterations == 8, "opgen TT model: exp_tile models iterations = 8 (the whole tile) only");
+    if (vector_mode != VectorMode::RC) {
+        ttmodel::self(line.v);
+        ttmodel::fail(0, "model", "exp_tile with a vector mode other than VectorMode::RC is not modelled");
+    }
+    ttmodel::sfpu_unary("exp_tile", "exp_tile", idst, line.v, [](float x, uint32_t sc) {
+        return expf(scale_en ? x * ttmodel::bf16_bits_to_f32((uint16_t)sc) : x);
+    }, scale);
+}
+
+/* mask (api/compute/mask.h): DST[d] = 0 where the mask DST[d+1] is 0 (+0 or -0), else unchanged: a select,
+ * so NaN/inf data under a zero mask become 0. The hardware takes the mask from DST[d+1] whatever
+ * idst2_mask says, so the model aborts unless idst2_mask == d+1. Only Float16_b/Float16 (the float compare)
+ * are modelled: the 0.81.1 header does nothing at all for DataFormat::Float32, so that aborts too. */
+inline void mask_tile_init(ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) { ttmodel::sfpu_init(ttmodel::self(line.v), "mask_tile", "mask_tile_init"); }
+inline void mask_tile(uint32_t idst_data, uint32_t idst2_mask, DataFormat data_format = DataFormat::Float16_b,
+                      ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) {
+    using namespace ttmodel;
+    Thread &t = self(line.v);
+    ComputeState &s = sfpu(t, "mask_tile", "mask_tile", idst_data);
+    if (idst2_mask != idst_data + 1)
+        fail(0, "model", "mask_tile(%u, %u): the hardware reads the mask from DST[%u] (idst_data + 1) and ignores idst2_mask; "
+             "put the mask in DST[%u] and pass %u", idst_data, idst2_mask, idst_data + 1, idst_data + 1, idst_data + 1);
+    if (data_format != DataFormat::Float16_b && data_format != DataFormat::Float16)
+        fail(0, "model", "mask_tile with data_format %s: the model handles Float16_b/Float16 (the 0.81.1 header does nothing "
+             "for Float32 and an integer compare for Int32)", format_name(data_format));
+    need_valid(t, s, idst_data, "mask_tile");
+    need_valid(t, s, idst2_mask, "mask_tile");
+    for (uint32_t i = 0; i < kTileElems; i++)
+        if (s.dst[idst2_mask][i] == 0.0f) s.dst[idst_data][i] = 0.0f;
+}
 
 /* ---- SFPU binary (DST op DST -> DST, f32) ---- */
 #define OPGEN_TT_SFPU_BINARY(NAME, EXPR)                                                                                     \

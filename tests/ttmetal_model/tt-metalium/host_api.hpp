@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -43,13 +44,36 @@ struct CoreRangeSet {
     CoreRangeSet(const CoreCoord &c) : ranges_{CoreRange(c)} {}
     CoreRangeSet(std::vector<CoreRange> r) : ranges_(std::move(r)) {}
     const std::vector<CoreRange> &ranges() const { return ranges_; }
+    uint32_t num_cores() const {
+        uint32_t n = 0;
+        for (const auto &r : ranges_) n += (uint32_t)((r.end_coord.x - r.start_coord.x + 1) * (r.end_coord.y - r.start_coord.y + 1));
+        return n;
+    }
+    bool empty() const { return ranges_.empty(); }
 };
+
+/* the cores of `crs`, range by range; inside a range row by row (row_wise) or column by column (default),
+ * at most `max_cores` of them (tt-metal's core_coord.hpp) */
+inline std::vector<CoreCoord> corerange_to_cores(const CoreRangeSet &crs, std::optional<uint32_t> max_cores = std::nullopt,
+                                                 bool row_wise = false) {
+    std::vector<CoreCoord> out;
+    for (const auto &r : crs.ranges()) {
+        const std::size_t w = r.end_coord.x - r.start_coord.x + 1, h = r.end_coord.y - r.start_coord.y + 1;
+        for (std::size_t i = 0; i < w * h; i++) {
+            if (max_cores && out.size() >= *max_cores) return out;
+            out.push_back(row_wise ? CoreCoord{r.start_coord.x + i % w, r.start_coord.y + i / w}
+                                   : CoreCoord{r.start_coord.x + i / h, r.start_coord.y + i % h});
+        }
+    }
+    return out;
+}
 
 namespace tt::tt_metal {
 
 using ::CoreCoord;
 using ::CoreRange;
 using ::CoreRangeSet;
+using ::corerange_to_cores;
 using CBHandle = uintptr_t;
 using KernelHandle = uint32_t;
 
