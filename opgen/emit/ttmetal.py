@@ -26,7 +26,8 @@ KERNEL_HEADERS = {
                 "api/compute/eltwise_binary_sfpu.h", "api/compute/eltwise_unary/eltwise_unary.h",
                 "api/compute/eltwise_unary/binop_with_scalar.h", "api/compute/eltwise_unary/rsqrt.h",
                 "api/compute/eltwise_unary/recip.h", "api/compute/eltwise_unary/exp.h",
-                "api/compute/eltwise_unary/fill.h", "api/compute/mask.h", "api/compute/reduce.h",
+                "api/compute/eltwise_unary/fill.h", "api/compute/eltwise_unary/bitwise.h",
+                "api/compute/copy_dest_values.h", "api/compute/mask.h", "api/compute/reduce.h",
                 "api/compute/reconfig_data_format.h", "api/compute/pack.h", "api/compute/reg_api.h",
                 "api/compute/cb_api.h"],
 }
@@ -206,7 +207,9 @@ class HostPrinter(Scalars):
                           sig + " {", "    auto& cq = mesh.mesh_command_queue();", *self.lines, "}", ""])
 
     def host_op(self, op: Operation) -> None:
-        if isinstance(op, k.CheckOp):
+        if isinstance(op, k.ReturnIfOp):
+            self.line(f"if ({self.name(op.cond)}) return 0;  // every output is empty")
+        elif isinstance(op, k.CheckOp):
             msg = op.message.data.replace('"', '\\"')
             self.line(f'if (!({self.name(op.cond)})) return opgen_tt_error("{self.p.sym_name.data}: {msg}");')
         elif isinstance(op, k.WorkspaceOp):

@@ -161,6 +161,18 @@ class WorkspaceOp(IRDLOperation):
 
 
 @irdl_op_definition
+class ReturnIfOp(IRDLOperation):
+    """Host: the program has nothing to do when ``cond`` holds (every output is empty): the host
+    function returns success before any launch."""
+
+    name = "ttk.return_if"
+    cond = operand_def(TensorType)
+
+    def __init__(self, cond: SSAValue):
+        super().__init__(operands=[cond])
+
+
+@irdl_op_definition
 class CheckOp(IRDLOperation):
     """Host: the launch cannot run unless ``cond`` holds (``message`` says why; the host function
     returns an error before enqueueing anything)."""
@@ -293,5 +305,5 @@ class CallOp(IRDLOperation):
                 raise VerifyException(f"ttk.call {self.callee.data}: argument refers to operand {a.data}")
 
 
-Ttk = Dialect("ttk", [ProgramOp, LaunchOp, CoresOp, CoreIndexOp, BufferAddrOp, ScalarArgOp, BitsOp, WorkspaceOp, CheckOp,
+Ttk = Dialect("ttk", [ProgramOp, LaunchOp, CoresOp, CoreIndexOp, BufferAddrOp, ScalarArgOp, BitsOp, WorkspaceOp, ReturnIfOp, CheckOp,
                       CbOp, KernelOp, ArgOp, AccessorOp, CallOp], [])

@@ -52,8 +52,12 @@ from opgen.ttmetal.sizes import TILE
 L1_BUDGET = 1_400_000
 #: DST tiles a section may use: 4 with f32 accumulation in half-sync mode
 DST_SLOTS = 4
-#: tiles of a row sum's operand stored at a time (its scratch CB's pages)
+#: tiles of a row sum's operand stored at a time (its scratch CB holds the SPLIT parts of each)
 REDUCE_CHUNK = 8
+#: an f32 reduction operand is split into this many tiles, each exact in the FPU's operands
+SPLIT = 3
+#: bits of an f32 kept in the hi part of a reduction operand (sign, exponent, 10 mantissa bits)
+SPLIT_MASK = "0xFFFFE000u"
 FORMAT = {"bf16": "Float16_b", "f32": "Float32"}
 TILE_BYTES = {"Float16_b": 2048, "Float32": 4096}
 TT_DTYPES = ("bf16", "f32")
@@ -237,6 +241,11 @@ def _prune(block: Block) -> None:
                 changed = True
 
 
+def _push(ops: list[Operation], op: Operation) -> SSAValue:
+    ops.append(op)
+    return op.results[0]
+
+
 def _ops(block: Block):
     for o in block.ops:
         yield o
@@ -320,6 +329,7 @@ class Lowering:
                 rows, cols = gm.type.shape
                 nrows = self.host_val(self.params[rows]) if rows in self.params else self.hconst(int(rows))
                 tiles = self.host_op(ir.MulOp(nrows, self.host_tiles(cols)))
+                tiles = self.host_op(ir.MaxOp(tiles, self.hconst(1)))  # (a buffer has at least one page)
                 self.host_op(k.WorkspaceOp(self.host_op(ir.MulOp(tiles, self.hconst(4096))), 4096))
                 self.ws_done = True
             return "workspace"
@@ -350,7 +360,36 @@ class Lowering:
                 phases[-1].append(op)
         for i, ops in enumerate(phases):
             prog.body.block.add_op(self.launch(i, ops))
+        first = prog.body.block.first_op
+        assert isinstance(first, k.LaunchOp)
+        self.host = first.body.block
+        self.nothing_to_do(first)
         return prog
+
+    def nothing_to_do(self, first: k.LaunchOp) -> None:
+        """Host, first of all: return when every output (a tensor some copy_out writes) is empty."""
+        outs = {self.arg_of[o.dst] for o in self.k.walk() if isinstance(o, t.CopyOutOp) and o.dst in self.arg_of}
+        conds = []
+        for name in sorted(outs):
+            zero = [ir.CmpOp("eq", ir.DimOp(d).results[0], ir.ConstantOp(0, "i64").results[0]) for d in
+                    self.args[name].type.shape if not d.isdigit()]
+            conds.append(zero)
+        ops: list[Operation] = []
+        all_empty = None
+        for zero in conds:
+            any_zero = None
+            for z in zero:
+                ops += [z.operands[0].owner, z.operands[1].owner, z]
+                any_zero = z.results[0] if any_zero is None else _push(ops, ir.OrOp(any_zero, z.results[0]))
+            if any_zero is None:
+                return  # an output of fixed size: never empty
+            all_empty = any_zero if all_empty is None else _push(ops, ir.AndOp(all_empty, any_zero))
+        if all_empty is None:
+            return
+        ops.append(k.ReturnIfOp(all_empty))
+        anchor = first.body.block.first_op
+        for o in ops:
+            Rewriter.insert_op(o, InsertPoint.before(anchor) if anchor else InsertPoint.at_end(first.body.block))
 
     def launch(self, index: int, ops: list[Operation]) -> k.LaunchOp:
         launch = k.LaunchOp(index)
@@ -397,7 +436,7 @@ class Lowering:
     # -- scopes (compute pops the CBs of a loop iteration at its end)
     def close_scope(self) -> None:
         for cb, n in reversed(self.scopes.pop()):
-            self.c.call("cb_pop_front", f"tt::CBIndex::c_{cb}", n if isinstance(n, SSAValue) else "1")
+            self.c.call("cb_pop_front", f"tt::CBIndex::c_{cb}", "1" if n is None else n)
 
     def all_val(self, v: SSAValue) -> list[SSAValue]:
         return [b.val(v) for b in self.b]
@@ -626,7 +665,7 @@ class Lowering:
         mask = self.col_mask()
         n = c.val(self.tiles_of(op.x))
         self.materialize_cols(x)
-        red = self.shared("row-sum operand", "Float32", REDUCE_CHUNK)
+        red = self.shared("row-sum operand (hi, mid, lo)", "Float32", SPLIT * REDUCE_CHUNK)
         out = self.cb("Float32", self.hconst(1), "row sums (column 0)")
         redn, onen, outn = (f"tt::CBIndex::c_{i}" for i in (red, one, out))
         self.zero_tile(out)
@@ -637,22 +676,23 @@ class Lowering:
         jj = c.open_loop(c.const(0), m, c.const(1), "j")
         j = c.arith(ir.AddOp, c0, jj)
         is_last = c.emit(ir.CmpOp("eq", c.arith(ir.AddOp, j, c.const(1)), n)).results[0]
-        self.section(x, red, j, mask=(mask, c.arith(ir.SelectOp, is_last, c.const(1), c.const(0))))
+        self.section(x, red, j, mask=(mask, c.arith(ir.SelectOp, is_last, c.const(1), c.const(0))), split=True)
         c.close_loop()
-        c.call("cb_wait_front", redn, m)
         c.call("cb_wait_front", outn, "1")
         c.call("tile_regs_acquire")
         c.call("reconfig_data_format", redn, onen)
         c.call("reduce_init", redn, onen, outn, template=("PoolType::SUM", "ReduceDim::REDUCE_ROW"))
-        jj = c.open_loop(c.const(0), m, c.const(1), "j")
-        c.call("reduce_tile", redn, onen, jj, "0", "0", template=("PoolType::SUM", "ReduceDim::REDUCE_ROW"))
+        c.open_loop(c.const(0), m, c.const(1), "j")  # one tile at a time: no wait wraps the CB
+        c.call("cb_wait_front", redn, str(SPLIT))
+        for part in range(SPLIT):
+            c.call("reduce_tile", redn, onen, str(part), "0", "0", template=("PoolType::SUM", "ReduceDim::REDUCE_ROW"))
+        c.call("cb_pop_front", redn, str(SPLIT))
         c.close_loop()
         c.call("reduce_uninit")
         self.copied.add(out)
         for call in (("reconfig_data_format_srca", outn), ("copy_init", outn), ("copy_tile", outn, "0", "1"),
                      ("add_binary_tile_init",), ("add_binary_tile", "0", "1", "0"), ("tile_regs_commit",)):
             c.call(*call)
-        c.call("cb_pop_front", redn, m)
         c.call("cb_pop_front", outn, "1")
         self.pack(out)
         c.close_loop()
@@ -666,12 +706,16 @@ class Lowering:
             self.scratch[what] = self.cb(fmt, self.hconst(pages), what)
         return self.scratch[what]
 
-    def pack(self, cb: int) -> None:
-        """The end of a section: DST slot 0 packed into ``cb``."""
-        c, cbn = self.c, f"tt::CBIndex::c_{cb}"
-        for call in (("tile_regs_wait",), ("cb_reserve_back", cbn, "1"), ("pack_reconfig_data_format", cbn),
-                     ("pack_tile", "0", cbn), ("cb_push_back", cbn, "1"), ("tile_regs_release",)):
-            c.call(*call)
+    def pack(self, cb: int, slots: tuple[int, ...] = (0,)) -> None:
+        """The end of a section: DST ``slots`` packed, in order, into ``cb``."""
+        c, cbn, n = self.c, f"tt::CBIndex::c_{cb}", str(len(slots))
+        c.call("tile_regs_wait")
+        c.call("cb_reserve_back", cbn, n)
+        c.call("pack_reconfig_data_format", cbn)
+        for s in slots:
+            c.call("pack_tile", str(s), cbn)
+        c.call("cb_push_back", cbn, n)
+        c.call("tile_regs_release")
 
     def zero_tile(self, cb: int) -> None:
         """A section pushing a tile of zeros into ``cb``."""
@@ -701,16 +745,18 @@ class Lowering:
         self.section(node, cb, j)
         c.close_loop()
 
-    def section(self, node: Node, cb: int, j: SSAValue, mask: tuple[int, SSAValue] | None = None) -> None:
+    def section(self, node: Node, cb: int, j: SSAValue, mask: tuple[int, SSAValue] | None = None,
+                split: bool = False) -> None:
         """One DST section: ``node``'s tile j into slot 0 (masked by mask tile ``mask[1]`` of CB
-        ``mask[0]``), packed into ``cb``; the front tiles it read are popped."""
+        ``mask[0]``), packed into ``cb``; the front tiles it read are popped. ``split``: a
+        reduction's operand, packed as two tiles hi + lo (below)."""
         c = self.c
         pre: list[tuple[Node, int]] = []
         self.colsum_operands(node, j, pre)
-        need = node.need() + (1 if mask else 0)
+        need = max(node.need(), SPLIT if split else 2 if mask else 1)
         if need > DST_SLOTS:
             raise TtUnsupported(self.name, f"an expression needing {need} DST tiles (spilling is not lowered yet)")
-        pops: list[int] = []
+        pops: list[tuple[int, int]] = []
         c.call("tile_regs_acquire")
         self.eval(node, 0, j, pops)
         if mask:
@@ -720,10 +766,26 @@ class Lowering:
             c.call("copy_tile", mn, mask[1], "1")
             c.call("mask_tile_init")
             c.call("mask_tile", "0", "1")
+        if split:
+            self.split_hi_lo()
         c.call("tile_regs_commit")
-        for p in pops:
-            c.call("cb_pop_front", f"tt::CBIndex::c_{p}", "1")
-        self.pack(cb)
+        for p, n in pops:
+            c.call("cb_pop_front", f"tt::CBIndex::c_{p}", str(n))
+        self.pack(cb, (1, 2, 0) if split else (0,))
+
+    def split_hi_lo(self) -> None:
+        """DST slot 0 = x -> three tiles whose sum is x exactly, each exact in the FPU's source
+        registers (10 mantissa bits; the FPU reads f32 operands no wider): slot 1 = hi = x with its
+        low 13 mantissa bits cleared, slot 2 = mid = the same of r = x - hi, slot 0 = lo = r - mid
+        (at most 3 significant bits). A reduction over hi, mid and lo adds x's exact value."""
+        c = self.c
+        for dst in ("1", "2"):
+            c.call("copy_dest_values_init")
+            c.call("copy_dest_values", "0", dst, template=("DataFormat::Float32",))
+            c.call("bitwise_and_tile_init")
+            c.call("bitwise_and_tile", dst, SPLIT_MASK, template=("DataFormat::Int32",))
+            c.call("sub_binary_tile_init")
+            c.call("sub_binary_tile", "0", dst, "0")
 
     def colsum_operands(self, node: Node, j: SSAValue, pre: list) -> None:
         """Before a section: store the operand tile of each column sum in ``node`` (pad rows masked)."""
@@ -731,11 +793,11 @@ class Lowering:
             self.colsum_operands(kid, j, pre)
         if node.op == "colsum" and node.cb < 0:
             self.materialize_cols(node.kids[0])
-            node.cb = self.shared("column-sum operand", "Float32", 1)
-            self.section(node.kids[0], node.cb, j, mask=(self.row_mask[node.count], self.c.const(0)))
-            self.c.call("cb_wait_front", f"tt::CBIndex::c_{node.cb}", "1")
+            node.cb = self.shared("column-sum operand (hi, mid, lo)", "Float32", SPLIT)
+            self.section(node.kids[0], node.cb, j, mask=(self.row_mask[node.count], self.c.const(0)), split=True)
+            self.c.call("cb_wait_front", f"tt::CBIndex::c_{node.cb}", str(SPLIT))
 
-    def eval(self, node: Node, slot: int, j: SSAValue, pops: list[int]) -> bool:
+    def eval(self, node: Node, slot: int, j: SSAValue, pops: list[tuple[int, int]]) -> bool:
         """Code computing ``node``'s tile j into DST ``slot`` (slots above it are free); returns
         whether a reduce ran (its packer mask is then reset after the section)."""
         c = self.c
@@ -743,7 +805,7 @@ class Lowering:
             cbn = f"tt::CBIndex::c_{node.cb}"
             if node.mode == "front":
                 c.call("cb_wait_front", cbn, "1")
-                pops.append(node.cb)
+                pops.append((node.cb, 1))
             self.copied.add(node.cb)
             c.call("reconfig_data_format_srca", cbn)
             c.call("copy_init", cbn)
@@ -771,9 +833,11 @@ class Lowering:
             cbn, onen = f"tt::CBIndex::c_{node.cb}", f"tt::CBIndex::c_{self.scaler()}"
             c.call("reconfig_data_format", cbn, onen)
             c.call("reduce_init", cbn, onen, cbn, template=("PoolType::SUM", "ReduceDim::REDUCE_COL"))
-            c.call("reduce_tile", cbn, onen, "0", "0", str(slot), template=("PoolType::SUM", "ReduceDim::REDUCE_COL"))
+            for part in range(SPLIT):
+                c.call("reduce_tile", cbn, onen, str(part), "0", str(slot),
+                       template=("PoolType::SUM", "ReduceDim::REDUCE_COL"))
             c.call("reduce_uninit")  # a normal pack: the packer keeps every row
-            pops.append(node.cb)
+            pops.append((node.cb, SPLIT))
             node.cb = -1
             return True
         if node.op == "binary":

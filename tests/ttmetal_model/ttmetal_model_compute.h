@@ -548,4 +548,29 @@ OPGEN_TT_SFPU_BINARY(div, x / y)
 OPGEN_TT_SFPU_BINARY(rsub, y - x)
 #undef OPGEN_TT_SFPU_BINARY
 
+/* ---- DST -> DST copy (api/compute/copy_dest_values.h) ---- */
+inline void copy_dest_values_init(int line = __builtin_LINE()) {
+    ttmodel::sfpu_init(ttmodel::self(line), "copy_dest_values", "copy_dest_values_init");
+}
+template <DataFormat DATA_FORMAT>
+inline void copy_dest_values(uint32_t idst_in, uint32_t idst_out, int line = __builtin_LINE()) {
+    ttmodel::sfpu_binary("copy_dest_values", "copy_dest_values", idst_in, idst_in, idst_out, line,
+                         [](float x, float) { return x; });
+}
+
+/* ---- bitwise AND with a scalar on the 32 bits of each DST element (eltwise_unary/bitwise.h) ----
+ * [unchecked] the vendor documents integer inputs; on f32 DST data the model ANDs the IEEE bits
+ * (the kernels use it to clear low mantissa bits: any result with them cleared, whatever the sign
+ * handling, is what they need). */
+inline void bitwise_and_tile_init(int line = __builtin_LINE()) {
+    ttmodel::sfpu_init(ttmodel::self(line), "bitwise_and_tile", "bitwise_and_tile_init");
+}
+template <DataFormat data_format>
+inline void bitwise_and_tile(uint32_t idst, uint32_t param0, int line = __builtin_LINE()) {
+    static_assert(data_format == DataFormat::Int32 || data_format == DataFormat::UInt32 || data_format == DataFormat::UInt16,
+                  "bitwise_and_tile: integer data formats only");
+    ttmodel::sfpu_unary("bitwise_and_tile", "bitwise_and_tile", idst, line,
+                        [](float x, uint32_t p) { return ttmodel::bits_f32(ttmodel::f32_bits(x) & p); }, param0);
+}
+
 #endif /* OPGEN_TTMETAL_MODEL_COMPUTE_H */
