@@ -26,6 +26,8 @@ KERNEL_HEADERS = {
                 "api/compute/eltwise_binary_sfpu.h", "api/compute/eltwise_unary/eltwise_unary.h",
                 "api/compute/eltwise_unary/binop_with_scalar.h", "api/compute/eltwise_unary/rsqrt.h",
                 "api/compute/eltwise_unary/recip.h", "api/compute/eltwise_unary/exp.h",
+                "api/compute/eltwise_unary/sqrt.h", "api/compute/eltwise_unary/negative.h",
+                "api/compute/compute_kernel_api.h",
                 "api/compute/eltwise_unary/fill.h", "api/compute/eltwise_unary/bitwise.h",
                 "api/compute/copy_dest_values.h", "api/compute/mask.h", "api/compute/reduce.h",
                 "api/compute/reconfig_data_format.h", "api/compute/pack.h", "api/compute/reg_api.h",
@@ -213,7 +215,7 @@ class HostPrinter(Scalars):
             msg = op.message.data.replace('"', '\\"')
             self.line(f'if (!({self.name(op.cond)})) return opgen_tt_error("{self.p.sym_name.data}: {msg}");')
         elif isinstance(op, k.WorkspaceOp):
-            self.line("auto workspace = distributed::MeshBuffer::create(")
+            self.line(f"auto {op.sym.data} = distributed::MeshBuffer::create(")
             self.line(f"    distributed::ReplicatedBufferConfig{{.size = (uint64_t){self.name(op.bytes)}}},")
             self.line(f"    distributed::DeviceLocalBufferConfig{{.page_size = {op.page.data}, "
                       ".buffer_type = BufferType::DRAM}, &mesh);")
@@ -310,9 +312,12 @@ def emit(module: ModuleOp, op_name: str) -> dict[str, str]:
                                       "holds": o.what.data})
                 if isinstance(o, k.KernelOp):
                     files[f"{var}/{o.file.data}"] = KernelPrinter(o, var, ln.index.data).print()
+                    pages = {a.sym.data: a.page.data for a in o.body.block.ops if isinstance(a, k.AccessorOp)}
                     le["kernels"].append({
                         "file": f"{var}/{o.file.data}", "role": o.role.data,
-                        "ct_args": [f"TensorAccessorArgs({a.data})" for a in o.accessors.data],
+                        # interleaved DRAM TensorAccessorArgs: {IsDram, aligned page size} each
+                        "ct_args": [x for a in o.accessors.data for x in (2, pages[a.data])],
+                        "ct_args_from": [f"TensorAccessorArgs(*{a.data})" for a in o.accessors.data],
                         "rt_args": [a.data for a in o.arg_names.data], "defines": {},
                         "fp32_dest_acc": bool(o.fp32_dest_acc.data)})
             entry["launches"].append(le)

@@ -149,15 +149,16 @@ class BitsOp(IRDLOperation):
 
 @irdl_op_definition
 class WorkspaceOp(IRDLOperation):
-    """Host: the program's DRAM workspace (``bytes``, pages of ``page`` bytes), allocated before its
-    first launch; ``ttk.buffer_addr "workspace"`` is its address."""
+    """Host: a DRAM workspace buffer ``sym`` of the program (``bytes``, pages of ``page`` bytes),
+    allocated before its first launch; ``ttk.buffer_addr sym`` is its address."""
 
     name = "ttk.workspace"
+    sym = prop_def(StringAttr)
     page = prop_def(IntAttr)
     bytes = operand_def(TensorType)
 
-    def __init__(self, nbytes: SSAValue, page: int):
-        super().__init__(operands=[nbytes], properties={"page": IntAttr(page)})
+    def __init__(self, sym: str, nbytes: SSAValue, page: int):
+        super().__init__(operands=[nbytes], properties={"sym": StringAttr(sym), "page": IntAttr(page)})
 
 
 @irdl_op_definition

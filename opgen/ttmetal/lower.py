@@ -64,7 +64,16 @@ TT_DTYPES = ("bf16", "f32")
 SCALAR_OPS = (ir.ConstantOp, ir.DimOp, ir.AddOp, ir.SubOp, ir.MulOp, ir.DivOp, ir.MinOp, ir.MaxOp, ir.CmpOp,
               ir.SelectOp, ir.CastOp, ir.AndOp, ir.OrOp, ir.NotOp)
 SFPU_BINARY = {ir.AddOp: "add", ir.SubOp: "sub", ir.MulOp: "mul", ir.DivOp: "div"}
-SFPU_UNARY = {ir.RsqrtOp: "rsqrt", ir.RecipOp: "recip", ir.ExpOp: "exp"}
+SFPU_UNARY = {ir.RsqrtOp: "rsqrt", ir.RecipOp: "recip", ir.ExpOp: "exp", ir.SigmoidOp: "sigmoid", ir.TanhOp: "tanh",
+              ir.LogOp: "log", ir.SqrtOp: "sqrt", ir.NegOp: "negative", ir.AbsOp: "abs"}
+#: the tile-level ops this lowering handles (anything else: TtUnsupported naming it)
+LOWERED = (t.KernelOp, t.TilingOp, t.ParamOp, t.BlockIdxOp, t.BlockNumOp, t.ForOp, t.YieldOp, t.SyncAllOp,
+           t.WorkspaceOp, t.CopyInOp, t.CopyOutOp, t.ReduceOp, ir.BroadcastOp, ir.CastOp, *SFPU_UNARY, *SCALAR_OPS)
+WHAT = {t.SegmentsOp: "owner-computes scatter-add segments", t.SegStartOp: "scatter-add segments",
+        t.SegAtOp: "scatter-add segments", t.AddRowOp: "scatter-add rows", t.MatmulOp: "matmul chains",
+        t.LoadOp: "scalar loads", t.LoadBitOp: "scalar loads of packed bits", t.SetAtOp: "scalar stores",
+        t.FailUnlessOp: "data checks", t.FlagsOutOp: "data checks", t.FenceOp: "fences",
+        ir.CheckOp: "argument checks inside the kernel"}
 
 
 class TtUnsupported(TileUnsupported):
@@ -269,12 +278,17 @@ class Lowering:
         self.arg_of = {v: n for n, v in self.args.items()}
         dv = {n: a.data for n, a in kernel.dtype_vars.data.items()}
         for d in dv.values():
-            if d not in TT_DTYPES:
+            if dtypes.by_name(d).is_float and d not in TT_DTYPES:
                 raise TtUnsupported(self.name, f"dtype {d} (TT-Metal computes bf16 and f32)")
+        for o in kernel.walk():
+            if o.parent_op() is not None and isinstance(o.parent_op(), t.TilingOp):
+                continue
+            if not isinstance(o, LOWERED):
+                raise TtUnsupported(self.name, f"{o.name}" + (f" ({WHAT[type(o)]})" if type(o) in WHAT else ""))
         tiling = next(o for o in kernel.body.block.ops if isinstance(o, t.TilingOp))
         self.params = {o.param.data: o.value for o in tiling.body.block.ops if isinstance(o, t.SetParamOp)}
         self._tiles: dict[str, SSAValue] = {}
-        self.ws_done = False
+        self.ws_done: set[str] = set()
         self._scratch = Block()  # tile-level scalars the lowering makes up (tile counts)
 
     # -- host side
@@ -325,14 +339,15 @@ class Lowering:
         if gm in self.arg_of:
             return self.arg_of[gm]
         if isinstance(gm.owner, t.WorkspaceOp):
-            if not self.ws_done:  # one tile row per row of the workspace tensor
+            sym = f"ws_{gm.owner.offset.data}"  # one DRAM buffer per workspace region
+            if sym not in self.ws_done:  # one tile row per row of the region
                 rows, cols = gm.type.shape
                 nrows = self.host_val(self.params[rows]) if rows in self.params else self.hconst(int(rows))
                 tiles = self.host_op(ir.MulOp(nrows, self.host_tiles(cols)))
                 tiles = self.host_op(ir.MaxOp(tiles, self.hconst(1)))  # (a buffer has at least one page)
-                self.host_op(k.WorkspaceOp(self.host_op(ir.MulOp(tiles, self.hconst(4096))), 4096))
-                self.ws_done = True
-            return "workspace"
+                self.host_op(k.WorkspaceOp(sym, self.host_op(ir.MulOp(tiles, self.hconst(4096))), 4096))
+                self.ws_done.add(sym)
+            return sym
         raise TtUnsupported(self.name, "a global tensor that is not an argument or the workspace")
 
     # -- CBs
@@ -872,8 +887,9 @@ class LowerToTtKernel(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for kern in list(op.body.block.ops):
             if isinstance(kern, t.KernelOp):
-                if any(d.data not in TT_DTYPES for d in kern.dtype_vars.data.values()):
-                    op.body.block.erase_op(kern)  # (f16, 64-bit: no TT-Metal instance)
+                if any(dtypes.by_name(d.data).is_float and d.data not in TT_DTYPES
+                       for d in kern.dtype_vars.data.values()):
+                    op.body.block.erase_op(kern)  # (f16, f64: no TT-Metal instance)
                     continue
                 prog = Lowering(kern).run()
                 op.body.block.insert_op_before(prog, kern)

@@ -39,7 +39,7 @@ class SizeTilesTt(ModulePass):
         for k in list(op.body.block.ops):
             if not isinstance(k, t.KernelOp):
                 continue
-            if k.attributes.get("schedule") is not None and k.attributes["schedule"].data != "resident":
+            if k.attributes.get("schedule") is not None and k.attributes["schedule"].data == "streamed":
                 op.body.block.erase_op(k)
                 continue
             tiling = next(o for o in k.body.block.ops if isinstance(o, t.TilingOp))

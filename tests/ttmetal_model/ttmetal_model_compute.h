@@ -548,6 +548,48 @@ OPGEN_TT_SFPU_BINARY(div, x / y)
 OPGEN_TT_SFPU_BINARY(rsub, y - x)
 #undef OPGEN_TT_SFPU_BINARY
 
+/* ---- more SFPU unary ops (api/compute/compute_kernel_api.h, eltwise_unary/{sqrt,negative}.h) ----
+ * Exact f32 libm results: silicon's SFPU computes sigmoid/tanh/log/sqrt with approximations whose
+ * accuracy the model does not reproduce [unchecked]. */
+namespace ttmodel {
+inline void unary_init(const char *op, int line) {
+    std::string f = std::string(op) + "_tile";
+    sfpu_init(self(line), op == std::string("sigmoid") ? "sigmoid_tile" : op == std::string("tanh") ? "tanh_tile"
+                          : op == std::string("log") ? "log_tile" : op == std::string("sqrt") ? "sqrt_tile"
+                          : op == std::string("negative") ? "negative_tile" : "abs_tile", (f + "_init").c_str());
+}
+}  // namespace ttmodel
+template <bool fast_and_approx = false>
+inline void sigmoid_tile_init(int line = __builtin_LINE()) { ttmodel::unary_init("sigmoid", line); }
+template <VectorMode vec_mode = VectorMode::RC, bool fast_and_approx = false, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void sigmoid_tile(uint32_t idst, int line = __builtin_LINE()) {
+    ttmodel::sfpu_unary("sigmoid_tile", "sigmoid_tile", idst, line, [](float x, uint32_t) { return 1.0f / (1.0f + expf(-x)); });
+}
+template <bool fast_and_approx = false, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void tanh_tile_init(int line = __builtin_LINE()) { ttmodel::unary_init("tanh", line); }
+template <bool fast_and_approx = false, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void tanh_tile(uint32_t idst, int line = __builtin_LINE()) {
+    ttmodel::sfpu_unary("tanh_tile", "tanh_tile", idst, line, [](float x, uint32_t) { return tanhf(x); });
+}
+template <bool fast_and_approx = false, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void log_tile_init(int line = __builtin_LINE()) { ttmodel::unary_init("log", line); }
+template <bool fast_and_approx = false, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void log_tile(uint32_t idst, int line = __builtin_LINE()) {
+    ttmodel::sfpu_unary("log_tile", "log_tile", idst, line, [](float x, uint32_t) { return logf(x); });
+}
+inline void sqrt_tile_init(int line = __builtin_LINE()) { ttmodel::unary_init("sqrt", line); }
+inline void sqrt_tile(uint32_t idst, int line = __builtin_LINE()) {
+    ttmodel::sfpu_unary("sqrt_tile", "sqrt_tile", idst, line, [](float x, uint32_t) { return sqrtf(x); });
+}
+inline void negative_tile_init(int line = __builtin_LINE()) { ttmodel::unary_init("negative", line); }
+inline void negative_tile(uint32_t idst, int line = __builtin_LINE()) {
+    ttmodel::sfpu_unary("negative_tile", "negative_tile", idst, line, [](float x, uint32_t) { return -x; });
+}
+inline void abs_tile_init(int line = __builtin_LINE()) { ttmodel::unary_init("abs", line); }
+inline void abs_tile(uint32_t idst, int line = __builtin_LINE()) {
+    ttmodel::sfpu_unary("abs_tile", "abs_tile", idst, line, [](float x, uint32_t) { return fabsf(x); });
+}
+
 /* ---- DST -> DST copy (api/compute/copy_dest_values.h) ---- */
 inline void copy_dest_values_init(int line = __builtin_LINE()) {
     ttmodel::sfpu_init(ttmodel::self(line), "copy_dest_values", "copy_dest_values_init");

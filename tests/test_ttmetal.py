@@ -1,0 +1,162 @@
+"""The TT-Metal backend (opgen/ttmetal/, opgen/emit/ttmetal.py; docs/backend_ttmetal.md).
+
+* Every generated kernel passes ``shared/tools/tt-kernel-check --werror`` (the real tt-metal 0.81.1
+  kernel headers) with its manifest's CT args, CB formats and compute config.
+* The generated host program + kernels run on the CPU model of TT-Metal (tests/ttmetal_model,
+  through tests/ttmetal_runner.py) against the oracle, bf16 and f32, over the edge cases of the
+  CPU suite (dims not multiples of 32, one column, batch dims, empty tensors, eps 0, in place),
+  with tile padding filled with NaN; the results are bitwise identical on 1, 3 and 64 cores.
+* Ops the backend cannot lower say so, naming the primitive.
+"""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from opgen import oracle, registry
+from opgen.binding import OpError
+from opgen.emit import ttmetal
+from opgen.tile.lower import TileUnsupported
+from tests import ttmetal_runner as runner
+from tests.cpu_cases import assert_c_close, rms_args
+from tests.ttmetal_model import build as model_build
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "build" / "ttmetal-tests"
+CHECKER = REPO.parent / "shared" / "tools" / "tt-kernel-check"
+SUPPORTED = ("rms_norm_backward",)
+
+pytestmark = pytest.mark.skipif(model_build.cxx() is None, reason="no g++")
+
+
+# ------------------------------------------------------------------------- real headers
+def _kernels(op: str) -> list[tuple[str, dict, dict[int, str], Path]]:
+    src = OUT / "check" / op
+    for p, text in runner.sources(op).items():
+        f = src / p.removeprefix(f"ttmetal/{op}/")
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    out = []
+    for v in runner.manifest(op)["variants"]:
+        for ln in v["launches"]:
+            fmts = {cb["index"]: cb["format"] for cb in ln["cbs"]}
+            for kern in ln["kernels"]:
+                out.append((op, kern, fmts, src / kern["file"]))
+    return out
+
+
+@pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
+def test_every_kernel_passes_the_real_header_check():
+    import subprocess
+
+    items = [k for op in SUPPORTED for k in _kernels(op)]
+    assert items
+    inst = subprocess.run([str(CHECKER), "--install"], capture_output=True, text=True, timeout=900)
+    assert inst.returncode == 0, inst.stdout + inst.stderr
+
+    def check(item):
+        op, kern, fmts, path = item
+        cmd = [str(CHECKER), "--role", kern["role"], "--werror"]
+        if kern["ct_args"]:
+            cmd += ["--ct-args", ",".join(map(str, kern["ct_args"]))]
+        if kern["role"] == "compute":
+            cmd += ["--cb-format", ",".join(f"{i}={f}" for i, f in sorted(fmts.items()))]
+            if kern["fp32_dest_acc"]:
+                cmd.append("--fp32-dest-acc")
+        r = subprocess.run([*cmd, str(path)], capture_output=True, text=True, timeout=300)
+        return path, r
+
+    with ThreadPoolExecutor(max_workers=4) as ex:
+        bad = [f"{p}:\n{r.stdout}{r.stderr}" for p, r in ex.map(check, items) if r.returncode != 0 or r.stdout.strip()]
+    assert not bad, "\n".join(bad)
+
+
+# ------------------------------------------------------------------------------- model
+@pytest.fixture(scope="module")
+def rms_exe() -> Path:
+    return runner.build("rms_norm_backward", OUT / "rms_norm_backward")
+
+
+def _rms_cases() -> list[tuple[str, dict[str, Any], dict[str, str]]]:
+    rng = np.random.default_rng(11)
+    cases = []
+    for T in ("f32", "bf16"):
+        for shape in ((7, 13), (300, 520), (1000, 1), (2, 3, 40), (0, 8), (3, 0), (1, 2048), (64, 96)):
+            for eps in (0.0, 1e-6):
+                cases.append((f"{T}-{'x'.join(map(str, shape))}-{eps}", rms_args(rng, T, shape, eps), {}))
+    a = rms_args(rng, "bf16", (33, 70), 1e-6)
+    cases.append(("in-place", a, {"grad_x": "grad_y"}))
+    return cases
+
+
+def _run_case(exe: Path, name: str, args: dict, alias: dict, grid: tuple[int, int], tmp: Path) -> dict:
+    proc, outs = runner.run(exe, "rms_norm_backward", args, tmp / f"{name}-{grid[0]}x{grid[1]}", grid=grid,
+                            alias=alias)
+    assert proc.returncode == 0, f"{name} on {grid}: rc {proc.returncode}\n{proc.stderr[-3000:]}"
+    if alias:
+        for dst, src in alias.items():
+            outs[dst] = outs[src]
+    return outs
+
+
+def test_rms_norm_backward_on_the_model(rms_exe, tmp_path):
+    """Every case against the oracle on an 8x8 grid; the same bits on 1 and 3 cores."""
+    o = registry.get("rms_norm_backward")
+    cases = _rms_cases()
+    failures = []
+
+    def one(case):
+        name, args, alias = case
+        ref_args = {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in args.items()}
+        if alias:
+            for dst, src in alias.items():
+                ref_args[dst] = ref_args[src]
+        try:
+            ref = oracle.run(o, **ref_args)
+        except OpError as e:  # (no refusal among these cases)
+            return [f"{name}: oracle refused: {e}"]
+        runs = {g: _run_case(rms_exe, name, args, alias, g, tmp_path) for g in ((8, 8), (1, 1), (3, 1))}
+        errs = []
+        for k, v in ref.items():
+            try:
+                assert_c_close(runs[(8, 8)][k], v, f"{name}.{k}")
+            except AssertionError as e:
+                errs.append(str(e))
+            for g in ((1, 1), (3, 1)):
+                if runs[g][k].tobytes() != runs[(8, 8)][k].tobytes():
+                    errs.append(f"{name}.{k}: {g[0] * g[1]} cores differ from 64")
+        return errs
+
+    with ThreadPoolExecutor(max_workers=2) as ex:
+        for errs in ex.map(one, cases):
+            failures += errs
+    assert not failures, "\n".join(failures)
+
+
+def test_rows_too_long_for_l1_are_refused_before_any_launch(rms_exe, tmp_path):
+    """f32 rows of 4096: the resident schedule's CBs exceed the L1 budget — the host function
+    says so and launches nothing (outputs untouched)."""
+    rng = np.random.default_rng(3)
+    a = rms_args(rng, "f32", (4, 4096), 1e-6)
+    before = a["grad_x"].copy()
+    proc, _ = runner.run(rms_exe, "rms_norm_backward", a, tmp_path / "big")
+    assert proc.returncode == 3, proc.stderr
+    assert "need more than 1400000 B of L1 per core" in proc.stderr
+    assert "column-chunk schedule" in proc.stderr
+    assert np.array_equal(a["grad_x"].view(np.uint32), before.view(np.uint32))
+
+
+# ------------------------------------------------------------------------ unsupported
+@pytest.mark.parametrize("op", ["embedding_backward", "embedding_dense_backward", "embedding_bw",
+                                "fused_linear_cross_entropy_loss_grad"])
+def test_ops_the_backend_cannot_lower_say_what(op):
+    with pytest.raises(TileUnsupported) as e:
+        ttmetal.op_sources(registry.get(op))
+    assert e.value.what, "the reason names the primitive"
+    assert "not supported on ttmetal" in str(e.value) or e.value.what
