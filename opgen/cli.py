@@ -135,11 +135,13 @@ def _show_report(o: OpDef, args: argparse.Namespace) -> int:
     from opgen.tile import dialect as tdl
     from opgen.tile import report
 
-    if args.target not in ("ascendc",):
-        raise ValueError(f"--report is for the tile-level targets (ascendc), not {args.target!r}")
+    if args.target not in ("ascendc", "ttmetal"):
+        raise ValueError(f"--report is for the tile-level targets (ascendc, ttmetal), not {args.target!r}")
     dims = {d: int(v) for d, v in _parse_kv(args.dims).items()}
     for d in o.signature.dims():
         dims.setdefault(d, REPORT_DEFAULT_DIM)
+    if args.target == "ttmetal":
+        return _show_tt_report(o, args, dims)
     plat = {"cores": 48, "ub_bytes": 196608}
     plat.update({k: int(v) for k, v in _parse_kv(args.platform).items()})
     m = o.module()
@@ -147,6 +149,26 @@ def _show_report(o: OpDef, args: argparse.Namespace) -> int:
     rs = report.chosen([k for k in m.body.block.ops if isinstance(k, tdl.KernelOp)], dims, plat)
     print(f"// {o.name} on {args.target} at {', '.join(f'{k}={v}' for k, v in dims.items())}; "
           f"platform {', '.join(f'{k}={v}' for k, v in plat.items())}")
+    print(report.format_report(rs))
+    return 0
+
+
+def _show_tt_report(o: OpDef, args: argparse.Namespace, dims: dict[str, int]) -> int:
+    """The TT-Metal report: per program and launch, cores, L1 and CB pages, DRAM bytes moved."""
+    from opgen.emit import ttmetal
+    from opgen.passes import pipeline
+    from opgen.ttmetal import report
+
+    plat = {k: int(v) for k, v in _parse_kv(args.platform).items()}
+    bad = set(plat) - {"grid_x", "grid_y"}
+    if bad:
+        raise SystemExit(f"opgen: --platform for ttmetal takes grid_x, grid_y (not {', '.join(sorted(bad))})")
+    grid = (plat.get("grid_x", 8), plat.get("grid_y", 8))
+    m = o.module()
+    pipeline.run(m, "ttmetal")
+    rs = [report.report(p, dims, grid) for p in ttmetal.programs(m)]
+    print(f"// {o.name} on ttmetal at {', '.join(f'{k}={v}' for k, v in dims.items())}; "
+          f"grid {grid[0]}x{grid[1]} (Wormhole: 8x8)")
     print(report.format_report(rs))
     return 0
 

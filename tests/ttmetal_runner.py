@@ -103,8 +103,7 @@ def main_cpp(man: dict) -> str:
         s = 0
         for a in v["args"]:
             if a["kind"] == "tensor":
-                page = 2048 if a["dtype"] == "bf16" else 4096
-                lines.append(f'        auto {a["name"]} = make("{a["name"]}", {page});')
+                lines.append(f'        auto {a["name"]} = make("{a["name"]}", {a["page_size"]});')
             else:
                 lines.append(f'        const float {a["name"]} = std::strtof(argv[{7 + ndims + s}], nullptr);')
                 s += 1
@@ -138,6 +137,22 @@ def untilize(flat: np.ndarray, r: int, c: int) -> np.ndarray:
     return t[:r, :c]
 
 
+def to_layout(a: np.ndarray, layout: str) -> np.ndarray:
+    """``tile``: :func:`tilize`; ``row``: rows padded (NaN) to a multiple of 32 elements."""
+    if layout == "tile":
+        return tilize(a)
+    r, c = a.shape
+    p = np.full((r, -(-c // 32) * 32), np.nan, dtype=a.dtype)
+    p[:, :c] = a
+    return p.reshape(-1)
+
+
+def from_layout(flat: np.ndarray, r: int, c: int, layout: str) -> np.ndarray:
+    if layout == "tile":
+        return untilize(flat, r, c)
+    return flat.reshape(r, -(-c // 32) * 32)[:, :c]
+
+
 def as_2d(shape: tuple[int, ...]) -> tuple[int, int]:
     """[..., D] tensors as [prod(...), D]; [D] as [1, D] (one row of tiles)."""
     if len(shape) == 1:
@@ -167,7 +182,7 @@ def run(exe: Path, op: str, args: dict[str, Any], tmp: Path, grid: tuple[int, in
         for sym, n in zip(a["shape"][-2:] if len(a["shape"]) > 1 else a["shape"], (r, c)[-len(a["shape"]):],
                           strict=True):
             dims[sym] = n
-        tilize(x.reshape(r, c)).tofile(in_dir / f"{a['name']}.bin")
+        to_layout(x.reshape(r, c), a["layout"]).tofile(in_dir / f"{a['name']}.bin")
     argv = [str(exe), str(exe.parent / "src"), v["variant"], str(in_dir), str(out_dir), str(grid[0]), str(grid[1]),
             *(str(dims[d]) for d in v["dims"]),
             *(repr(float(args[a["name"]])) for a in v["args"] if a["kind"] == "scalar")]
@@ -180,5 +195,6 @@ def run(exe: Path, op: str, args: dict[str, Any], tmp: Path, grid: tuple[int, in
                 x = args[a["name"]]
                 r, c = as_2d(x.shape)
                 flat = np.fromfile(out_dir / f"{a['name']}.bin", dtype=x.dtype)
-                outs[a["name"]] = untilize(flat, r, c).reshape(x.shape) if x.size else np.empty(x.shape, x.dtype)
+                outs[a["name"]] = from_layout(flat, r, c, a["layout"]).reshape(x.shape) if x.size else \
+                    np.empty(x.shape, x.dtype)
     return p, outs

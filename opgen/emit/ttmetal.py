@@ -135,7 +135,7 @@ class KernelPrinter(Scalars):
             if op.res:
                 n = self.fresh()
                 self.names[op.res[0]] = n
-                self.line(f"const uint32_t {n} = {call};")
+                self.line(f"const {op.rtype.data if op.rtype else 'uint32_t'} {n} = {call};")
             else:
                 self.line(f"{call};")
         elif isinstance(op, t.ForOp):
@@ -277,9 +277,15 @@ class HostPrinter(Scalars):
 def prog_args(prog: k.ProgramOp) -> list[dict]:
     """The host function's tensor and scalar parameters (name, kind, dtype, shape dims)."""
     out = []
-    for n, kd, ty in zip(prog.arg_names.data, prog.arg_kinds.data, prog.arg_types.data, strict=True):
+    for n, kd, ty, lay in zip(prog.arg_names.data, prog.arg_kinds.data, prog.arg_types.data,
+                              prog.attributes["layouts"].data, strict=True):
         if n.data != "workspace":
-            out.append({"name": n.data, "kind": kd.data, "dtype": ty.dtype, "shape": list(ty.shape)})
+            a = {"name": n.data, "kind": kd.data, "dtype": ty.dtype, "shape": list(ty.shape)}
+            if kd.data == "tensor":
+                elem = 2 if ty.dtype == "bf16" else 4
+                a["layout"] = lay.data
+                a["page_size"] = 1024 * elem if lay.data == "tile" else 32 * elem
+            out.append(a)
     return out
 
 
@@ -298,7 +304,9 @@ def emit(module: ModuleOp, op_name: str) -> dict[str, str]:
     import json
 
     files: dict[str, str] = {}
-    fns, manifest = [], {"op": op_name, "layout": "tile (32x32, four 16x16 faces)", "variants": []}
+    fns, manifest = [], {"op": op_name, "layouts": {
+        "tile": "32x32 tiles of four 16x16 faces (row-major faces, tiles row-major), one tile per page",
+        "row": "row vectors: each row in pages of 32 elements (padded to a multiple of 32)"}, "variants": []}
     for prog in programs(module):
         var = prog.sym_name.data
         hp = HostPrinter(prog, function_name(prog))

@@ -47,8 +47,10 @@ FORMATS = ("Float16_b", "Float32", "UInt32", "Int32")
 @irdl_op_definition
 class ProgramOp(IRDLOperation):
     """One dtype instance of an op: its ``ttk.launch``es in order. ``arg_names``/``arg_kinds``/
-    ``arg_types`` name the host function's parameters (``tensor`` buffers in tile layout, of the
-    tile level's ``!tile.gm`` types; ``scalar`` floats)."""
+    ``arg_types`` name the host function's parameters (``tensor`` buffers of the tile level's
+    ``!tile.gm`` types; ``scalar`` floats); the ``layouts`` attribute (set by the lowering) gives
+    each tensor's DRAM layout: ``tile`` (32x32 tiles of four 16x16 faces, one per page) or ``row``
+    (a row vector per row, in pages of 32 elements)."""
 
     name = "ttk.program"
     sym_name = prop_def(StringAttr)
@@ -276,17 +278,19 @@ class AccessorOp(IRDLOperation):
 class CallOp(IRDLOperation):
     """Kernel: a call of a tt-metal kernel API function. ``args`` lists the call's arguments: an
     ``IntAttr`` k is operand k, a ``StringAttr`` is printed as is (CB indices, enum constants,
-    literals); ``template`` the template arguments. At most one (index) result."""
+    literals); ``template`` the template arguments. At most one result, of C type ``rtype``
+    (``uint32_t`` if absent; ``uint64_t`` for NOC addresses)."""
 
     name = "ttk.call"
     callee = prop_def(StringAttr)
     args = prop_def(ArrayAttr)
     template = opt_prop_def(ArrayAttr[StringAttr])
+    rtype = opt_prop_def(StringAttr)
     operands_ = var_operand_def(TensorType)
     res = var_result_def(TensorType)
 
     def __init__(self, callee: str, args: Sequence[SSAValue | str | int], template: Sequence[str] = (),
-                 result: bool = False):
+                 result: bool = False, rtype: str = ""):
         ops: list[SSAValue] = []
         attrs: list[Attribute] = []
         for a in args:
@@ -298,6 +302,8 @@ class CallOp(IRDLOperation):
         props: dict[str, Attribute] = {"callee": StringAttr(callee), "args": ArrayAttr(attrs)}
         if template:
             props["template"] = ArrayAttr([StringAttr(t) for t in template])
+        if rtype:
+            props["rtype"] = StringAttr(rtype)
         super().__init__(operands=[ops], properties=props, result_types=[[INDEX] if result else []])
 
     def verify_(self) -> None:

@@ -53,7 +53,7 @@ L1_BUDGET = 1_400_000
 #: DST tiles a section may use: 4 with f32 accumulation in half-sync mode
 DST_SLOTS = 4
 #: tiles of a row sum's operand stored at a time (its scratch CB holds the SPLIT parts of each)
-REDUCE_CHUNK = 8
+REDUCE_CHUNK = 2
 #: an f32 reduction operand is split into this many tiles, each exact in the FPU's operands
 SPLIT = 3
 #: bits of an f32 kept in the hi part of a reduction operand (sign, exponent, 10 mantissa bits)
@@ -151,8 +151,8 @@ class KernelBuilder:
         return op
 
     def call(self, callee: str, *args: SSAValue | str | int, template: tuple[str, ...] = (),
-             result: bool = False) -> SSAValue | None:
-        op = self.emit(k.CallOp(callee, list(args), template, result))
+             result: bool = False, rtype: str = "") -> SSAValue | None:
+        op = self.emit(k.CallOp(callee, list(args), template, result, rtype))
         return op.results[0] if result else None
 
     def const(self, v: int) -> SSAValue:
@@ -202,7 +202,7 @@ class KernelBuilder:
     def accessor(self, gm: SSAValue, name: str) -> str:
         """The kernel's TensorAccessor over tensor argument ``name`` (declared once)."""
         if name not in self.acc_vals:
-            page = TILE_BYTES[self.low.gm_format(gm)]
+            page = self.low.page_bytes(gm)
             addr = self.rt_arg(f"{name}_addr", self.low.host_op(k.BufferAddrOp(name)))
             after = self.accessors[-1] if self.accessors else ""
             Rewriter.insert_op(k.AccessorOp(name, after, page, addr), InsertPoint.at_end(self.args_block))
@@ -332,6 +332,15 @@ class Lowering:
         d = self.host_op(ir.DimOp(dim))
         return self.host_op(ir.DivOp(self.host_op(ir.AddOp(d, self.hconst(TILE - 1))), self.hconst(TILE)))
 
+    def layout(self, gm: SSAValue) -> str:
+        """``row`` for a 1-d tensor and the workspace (row vectors in pages of 32 elements: a row
+        value moves 32 elements per tile, not 1024), ``tile`` for the rest."""
+        return "row" if len(gm.type.shape) == 1 or isinstance(gm.owner, t.WorkspaceOp) else "tile"
+
+    def page_bytes(self, gm: SSAValue) -> int:
+        fmt = self.gm_format(gm)
+        return TILE_BYTES[fmt] if self.layout(gm) == "tile" else TILE * TILE_BYTES[fmt] // (TILE * TILE)
+
     def gm_format(self, gm: SSAValue) -> str:
         return FORMAT.get(gm.type.dtype, "Float32") if isinstance(gm.type, t.GmType) else "Float32"
 
@@ -345,7 +354,8 @@ class Lowering:
                 nrows = self.host_val(self.params[rows]) if rows in self.params else self.hconst(int(rows))
                 tiles = self.host_op(ir.MulOp(nrows, self.host_tiles(cols)))
                 tiles = self.host_op(ir.MaxOp(tiles, self.hconst(1)))  # (a buffer has at least one page)
-                self.host_op(k.WorkspaceOp(sym, self.host_op(ir.MulOp(tiles, self.hconst(4096))), 4096))
+                page = TILE * 4  # f32 row vectors, 32 elements a page
+                self.host_op(k.WorkspaceOp(sym, self.host_op(ir.MulOp(tiles, self.hconst(page))), page))
                 self.ws_done.add(sym)
             return sym
         raise TtUnsupported(self.name, "a global tensor that is not an argument or the workspace")
@@ -375,6 +385,9 @@ class Lowering:
                 phases[-1].append(op)
         for i, ops in enumerate(phases):
             prog.body.block.add_op(self.launch(i, ops))
+        from xdsl.dialects.builtin import ArrayAttr, StringAttr
+        prog.attributes["layouts"] = ArrayAttr([StringAttr(self.layout(a) if isinstance(a.type, t.GmType) else "-")
+                                                for a in self.k.body.block.args])
         first = prog.body.block.first_op
         assert isinstance(first, k.LaunchOp)
         self.host = first.body.block
@@ -551,8 +564,8 @@ class Lowering:
 
     # -- copies
     def tile_row(self, b: KernelBuilder, gm: SSAValue, row0: SSAValue, value: SSAValue) -> SSAValue:
-        """The first tile id of ``value``'s tile row in ``gm``: full values are 32-row blocks of a
-        dense tile layout; row values in a 2-d tensor (the workspace) one tile row per row."""
+        """The first page of ``value``'s row in ``gm``: full values are 32-row blocks of a tile
+        layout; a row of a row-layout tensor is ``Wt`` pages."""
         shape = gm.type.shape
         if len(shape) == 1:
             return b.const(0)
@@ -579,8 +592,15 @@ class Lowering:
         r.call("cb_reserve_back", cbn, n)
         base = r.call("get_write_ptr", cbn, result=True)
         j = r.open_loop(r.const(0), n, r.const(1), "j")
-        r.call("noc_async_read_page", r.arith(ir.AddOp, first, j), acc,
-               r.arith(ir.AddOp, base, r.arith(ir.MulOp, j, r.const(TILE_BYTES[fmt]))))
+        page, l1 = r.arith(ir.AddOp, first, j), r.arith(ir.AddOp, base, r.arith(ir.MulOp, j, r.const(TILE_BYTES[fmt])))
+        if self.layout(gm) == "tile":
+            r.call("noc_async_read_page", page, acc, l1)
+        else:
+            if kd != "row":
+                raise TtUnsupported(self.name, "a full tile of a row-layout tensor")
+            for face, off in self.row0_faces(fmt):  # row 0 of faces 0 and 1 (the rest: never read)
+                src = r.call(f"{acc}.get_noc_addr", page, str(off), result=True, rtype="uint64_t")
+                r.call("noc_async_read", src, r.arith(ir.AddOp, l1, r.const(face)), str(self.half(fmt)))
         r.close_loop()
         r.call("noc_async_read_barrier")
         r.call("cb_push_back", cbn, n)
@@ -606,11 +626,28 @@ class Lowering:
         cbn = f"tt::CBIndex::c_{out}"
         j = w.open_loop(w.const(0), n, w.const(1), "j")
         w.call("cb_wait_front", cbn, "1")
-        w.call("noc_async_write_page", w.arith(ir.AddOp, first, j), acc, w.call("get_read_ptr", cbn, result=True))
+        page, l1 = w.arith(ir.AddOp, first, j), w.call("get_read_ptr", cbn, result=True)
+        if self.layout(gm) == "tile":
+            w.call("noc_async_write_page", page, acc, l1)
+        else:
+            if kd != "row":
+                raise TtUnsupported(self.name, "a full tile into a row-layout tensor")
+            for face, off in self.row0_faces(fmt):
+                dst = w.call(f"{acc}.get_noc_addr", page, str(off), result=True, rtype="uint64_t")
+                w.call("noc_async_write", w.arith(ir.AddOp, l1, w.const(face)), dst, str(self.half(fmt)))
         w.call("noc_async_writes_flushed")
         w.call("cb_pop_front", cbn, "1")
         w.close_loop()
         w.call("noc_async_write_barrier")
+
+    @staticmethod
+    def half(fmt: str) -> int:
+        """Bytes of 16 elements (one row of a face)."""
+        return TILE_BYTES[fmt] // 64
+
+    def row0_faces(self, fmt: str) -> list[tuple[int, int]]:
+        """(L1 offset in the tile, byte offset in the 32-element page) of row 0 of faces 0 and 1."""
+        return [(0, 0), (TILE_BYTES[fmt] // 4, self.half(fmt))]
 
     # -- reader-built constant tiles
     def scaler(self) -> int:
