@@ -94,7 +94,25 @@ def _targets_line(o: OpDef) -> str:
         missing += [f"{v.name}={m.name}" for m in v.members if m.name not in ok]
     text = "all" if not missing else f"all but {', '.join(missing)} (no 64-bit arithmetic on the NPU)"
     parts.append(f"ascendc: {text}" + (f"; {'; '.join(notes)}" if notes else ""))
+    parts.append("ttmetal: " + _ttmetal_support(o))
     return " | ".join(parts)
+
+
+def _ttmetal_support(o: OpDef) -> str:
+    """The dtype instances TT-Metal has programs for, or why none."""
+    from opgen.emit import ttmetal
+    from opgen.passes import pipeline
+    from opgen.tile.lower import TileUnsupported
+
+    m = o.module()
+    try:
+        pipeline.run(m, "ttmetal")
+    except pipeline.StageFailed as e:
+        if isinstance(e.__cause__, TileUnsupported):
+            return f"not supported ({e.__cause__.what})"
+        raise
+    inst = sorted({", ".join(f"{v}={d.data}" for v, d in p.dtype_vars.data.items()) for p in ttmetal.programs(m)})
+    return "; ".join(inst) if inst else "not supported (TT-Metal computes bf16 and f32)"
 
 
 def cmd_show(args: argparse.Namespace) -> int:

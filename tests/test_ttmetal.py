@@ -51,17 +51,16 @@ def _kernels(op: str) -> list[tuple[str, dict, dict[int, str], Path]]:
     return out
 
 
-@pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
-def test_every_kernel_passes_the_real_header_check():
+def _check_kernels(items: list) -> None:
+    """Each kernel through tt-kernel-check --werror with its manifest's CT args and CB formats."""
     import subprocess
 
-    items = [k for op in SUPPORTED for k in _kernels(op)]
     assert items
     inst = subprocess.run([str(CHECKER), "--install"], capture_output=True, text=True, timeout=900)
     assert inst.returncode == 0, inst.stdout + inst.stderr
 
     def check(item):
-        op, kern, fmts, path = item
+        _op, kern, fmts, path = item
         cmd = [str(CHECKER), "--role", kern["role"], "--werror"]
         if kern["ct_args"]:
             cmd += ["--ct-args", ",".join(map(str, kern["ct_args"]))]
@@ -75,6 +74,11 @@ def test_every_kernel_passes_the_real_header_check():
     with ThreadPoolExecutor(max_workers=4) as ex:
         bad = [f"{p}:\n{r.stdout}{r.stderr}" for p, r in ex.map(check, items) if r.returncode != 0 or r.stdout.strip()]
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
+def test_every_kernel_passes_the_real_header_check():
+    _check_kernels([k for op in SUPPORTED for k in _kernels(op)])
 
 
 # ------------------------------------------------------------------------------- model
@@ -160,3 +164,63 @@ def test_ops_the_backend_cannot_lower_say_what(op):
         ttmetal.op_sources(registry.get(op))
     assert e.value.what, "the reason names the primitive"
     assert "not supported on ttmetal" in str(e.value) or e.value.what
+
+
+# ------------------------------------------------------------- ops written only in the DSL
+@pytest.fixture(scope="module")
+def new_ops(tmp_path_factory) -> dict[str, Any]:
+    """silu_backward, softmax_backward and layer_norm_backward (tests/test_ascendc.py's DSL file),
+    loaded from their own ops directory: nothing of them is in the compiler."""
+    from tests.test_ascendc import NEW_OPS
+
+    d = tmp_path_factory.mktemp("tt-ops") / "opgen_test_tt_ops"
+    d.mkdir()
+    (d / "newops.py").write_text(NEW_OPS)
+    ops = registry.load_all(str(d))
+    for o in ops.values():
+        runner.register(o)
+    return ops
+
+
+def _new_args(rng, op: str, T: str, shape: tuple[int, ...]) -> dict[str, Any]:
+    from tests.cpu_cases import filled, floats
+
+    D = shape[-1]
+    if op == "layer_norm_backward":
+        return {"grad_y": floats(rng, shape, T), "x": floats(rng, shape, T), "w": floats(rng, D, T), "eps": 1e-5,
+                "grad_x": filled(shape, T), "grad_w": filled(D, T), "grad_b": filled(D, T)}
+    second = "x" if op == "silu_backward" else "y"
+    return {"grad": floats(rng, shape, T), second: floats(rng, shape, T), "dx": filled(shape, T)}
+
+
+@pytest.mark.parametrize("op", ["silu_backward", "softmax_backward", "layer_norm_backward"])
+def test_new_dsl_ops_on_the_model(new_ops, op, tmp_path):
+    """New ops get TT-Metal programs: each passes the real-header check's twin in
+    test_new_dsl_ops_pass_the_real_header_check and runs on the model against the oracle,
+    bitwise identical on 1 and 64 cores."""
+    exe = runner.build(op, OUT / op)
+    rng = np.random.default_rng(5)
+    failures = []
+    for T in ("f32", "bf16"):
+        for shape in ((45, 77), (2, 33, 32), (1, 1), (0, 5)):
+            a = _new_args(rng, op, T, shape)
+            ref = oracle.run(new_ops[op], **{k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in a.items()})
+            name = f"{op}-{T}-{'x'.join(map(str, shape))}"
+            runs = {}
+            for g in ((8, 8), (1, 1)):
+                proc, outs = runner.run(exe, op, a, tmp_path / f"{name}-{g[0]}", grid=g)
+                assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
+                runs[g] = outs
+            for k, v in ref.items():
+                try:
+                    assert_c_close(runs[(8, 8)][k], v, f"{name}.{k}")
+                except AssertionError as e:
+                    failures.append(str(e))
+                if runs[(1, 1)][k].tobytes() != runs[(8, 8)][k].tobytes():
+                    failures.append(f"{name}.{k}: 1 core differs from 64")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
+def test_new_dsl_ops_pass_the_real_header_check(new_ops):
+    _check_kernels([k for op in ("silu_backward", "softmax_backward", "layer_norm_backward") for k in _kernels(op)])

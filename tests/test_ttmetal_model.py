@@ -1010,7 +1010,8 @@ int main(int argc, char **argv) {
     auto cb = [&](uint8_t idx) {
         CreateCircularBuffer(program, all, CircularBufferConfig(2 * page, {{idx, fmt}}).set_page_size(idx, page));
     };
-    for (uint8_t idx : {tt::CBIndex::c_0, tt::CBIndex::c_1, tt::CBIndex::c_16, tt::CBIndex::c_17, tt::CBIndex::c_18}) cb(idx);
+    for (uint8_t idx : {tt::CBIndex::c_0, tt::CBIndex::c_1, tt::CBIndex::c_16, tt::CBIndex::c_17, tt::CBIndex::c_18})
+        cb(idx);
     std::vector<uint32_t> rct, wct;
     TensorAccessorArgs(a).append_to(rct);
     TensorAccessorArgs(*b).append_to(rct);
@@ -1021,7 +1022,8 @@ int main(int argc, char **argv) {
     if (rule >= 1 && rule <= 3) defs["RULE"] = std::to_string(rule);
     auto reader = CreateKernel(program, dir + "/bx_reader.cpp", all, ReaderDataMovementConfig(rct));
     auto writer = CreateKernel(program, dir + "/bx_writer.cpp", all, WriterDataMovementConfig(wct));
-    auto compute = CreateKernel(program, dir + "/bx_compute.cpp", all, ComputeConfig{.fp32_dest_acc_en = f32, .defines = defs});
+    auto compute = CreateKernel(program, dir + "/bx_compute.cpp", all,
+                                ComputeConfig{.fp32_dest_acc_en = f32, .defines = defs});
     uint32_t first = 0;
     for (const CoreCoord &core : corerange_to_cores(all)) {
         bool in_g1 = false;
@@ -1053,7 +1055,8 @@ int main(int argc, char **argv) {
 
     // pages of 48 B lie 64 B apart (Wormhole DRAM alignment 32 B); the host sees them densely
     distributed::DeviceLocalBufferConfig odd{.page_size = 48, .buffer_type = BufferType::DRAM};
-    auto c = distributed::MeshBuffer::create(distributed::ReplicatedBufferConfig{.size = 5 * 48}, odd, mesh_device.get());
+    auto c = distributed::MeshBuffer::create(distributed::ReplicatedBufferConfig{.size = 5 * 48}, odd,
+                                             mesh_device.get());
     std::vector<uint16_t> src(5 * 24), back;
     for (size_t i = 0; i < src.size(); ++i) src[i] = (uint16_t)(1000 + i);
     distributed::EnqueueWriteMeshBuffer(cq, c, src, true);
@@ -1106,7 +1109,8 @@ def bx_run(host: Path, *, f32: bool, rule: int, tmp: Path, grid: str = "2x2"):
 
 @pytest.mark.parametrize("f32", [False, True], ids=["bf16", "f32"])
 def test_unary_bcast_mask_exp_distributed(bx_host, tmp_path, f32):
-    """unary_bcast ROW/COL/SCALAR, exp_tile, mask_tile, on MeshDevice/MeshBuffer/MeshWorkload and split_work_to_cores."""
+    """unary_bcast ROW/COL/SCALAR, exp_tile, mask_tile, on MeshDevice/MeshBuffer/MeshWorkload and
+    split_work_to_cores."""
     r, out = bx_run(bx_host, f32=f32, rule=0, tmp=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "split 4 cores: 1 x 2 tiles + 3 x 1 tiles" in r.stdout
@@ -1121,7 +1125,8 @@ def test_unary_bcast_mask_exp_distributed(bx_host, tmp_path, f32):
     # unary_bcast is exact (bf16 CB -> bf16 DST, f32 CB -> f32 DST by unpack-to-dest); exp is expf, rounded by DST/pack
     ref0 = np.exp(row.astype(np.float64))
     np.testing.assert_allclose(o0.reshape(bt.shape), ref0, rtol=1e-6 if f32 else 8e-3)
-    assert np.array_equal(o1.reshape(bt.shape), np.where(at == 0, 0.0, col)), "mask_tile selects (NaN/inf under a 0 mask -> 0)"
+    assert np.array_equal(o1.reshape(bt.shape), np.where(at == 0, 0.0, col)), \
+        "mask_tile selects (NaN/inf under a 0 mask -> 0)"
     assert not np.isnan(o1).any()
     assert np.array_equal(o2.reshape(bt.shape), scalar)
 
@@ -1132,7 +1137,8 @@ BX_RULES = {
     2: "rule 0 (model): mask_tile(0, 2): the hardware reads the mask from DST[1] (idst_data + 1)",
     3: "rule 5 (init): unary_bcast<SCALAR>(1, ...) needs unary_bcast_init<SCALAR>(1) as the last FPU init "
        "(the last one was unary_bcast_init<SCALAR>(0))",
-    9: "rule 0 (model): EnqueueWriteMeshBuffer: 10239 elements of 1 B = 10239 B of host data for a MeshBuffer of 10240 B",
+    9: "rule 0 (model): EnqueueWriteMeshBuffer: 10239 elements of 1 B = 10239 B of host data for a MeshBuffer of "
+       "10240 B",
 }
 
 

@@ -85,11 +85,18 @@ def manifest(op: str) -> dict:
 
 
 _SOURCES: dict[str, dict[str, str]] = {}
+_OPS: dict[str, Any] = {}
+
+
+def register(opdef: Any) -> None:
+    """Use ``opdef`` (e.g. an op loaded from a test's own ops directory) for its name."""
+    _OPS[opdef.name] = opdef
+    _SOURCES.pop(opdef.name, None)
 
 
 def sources(op: str) -> dict[str, str]:
     if op not in _SOURCES:
-        _SOURCES[op] = ttmetal.op_sources(registry.get(op))
+        _SOURCES[op] = ttmetal.op_sources(_OPS.get(op) or registry.get(op))
     return _SOURCES[op]
 
 
@@ -109,7 +116,8 @@ def main_cpp(man: dict) -> str:
                 s += 1
             args.append(a["name"])
         call = f'opgen_tt::{v["function"]}(*mesh, dir, grid, {", ".join(args + v["dims"])})'
-        cases.append(f'    if (variant == "{v["variant"]}") {{\n' + "\n".join(lines) + f"\n        rc = {call};\n    }}")
+        body = "\n".join(lines)
+        cases.append(f'    if (variant == "{v["variant"]}") {{\n{body}\n        rc = {call};\n    }}')
     return MAIN.replace("{cases}", "\n".join(cases))
 
 

@@ -80,7 +80,8 @@ class Scalars:
         if isinstance(op, ir.NotOp):
             return f"!{a[0]}"
         if isinstance(op, ir.CastOp):
-            return f"(float)({a[0]})" if ir.tensor_type(op.result).dtype in ("f32", "f64") else f"({self.ctype})({a[0]})"
+            to_float = ir.tensor_type(op.result).dtype in ("f32", "f64")
+            return f"(float)({a[0]})" if to_float else f"({self.ctype})({a[0]})"
         return self.special(op, a)
 
     def special(self, op: Operation, a: list[str]) -> str:
@@ -142,7 +143,8 @@ class KernelPrinter(Scalars):
             iv = op.body.block.args[0]
             n = self.fresh(iv.name_hint or "i")
             self.names[iv] = n
-            self.line(f"for (uint32_t {n} = {self.name(op.lo)}; {n} < {self.name(op.hi)}; {n} += {self.name(op.step)}) {{")
+            lo, hi, step = (self.name(x) for x in (op.lo, op.hi, op.step))
+            self.line(f"for (uint32_t {n} = {lo}; {n} < {hi}; {n} += {step}) {{")
             self.indent += 1
             for o in op.body.block.ops:
                 self.op(o)
@@ -233,9 +235,9 @@ class HostPrinter(Scalars):
         for cb in ln.body.block.ops:
             if isinstance(cb, k.CbOp):
                 c, page = cb.index.data, cb.page.data
-                self.line(f"CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)({self.name(cb.pages)}) * "
-                          f"{page}, {{{{{c}, tt::DataFormat::{cb.format.data}}}}}).set_page_size({c}, {page}));"
-                          f"  // {cb.what.data}")
+                cfg = (f"CircularBufferConfig((uint32_t)({self.name(cb.pages)}) * {page}, "
+                       f"{{{{{c}, tt::DataFormat::{cb.format.data}}}}}).set_page_size({c}, {page})")
+                self.line(f"CreateCircularBuffer(program, cores, {cfg});  // {cb.what.data}")
                 if "unpack_to_dest_fp32" in cb.attributes:
                     utd.append(c)
         kernels = [o for o in ln.body.block.ops if isinstance(o, k.KernelOp)]
@@ -251,7 +253,8 @@ class HostPrinter(Scalars):
                 for c in utd:
                     self.line(f"utd_{i}[{c}] = UnpackToDestMode::UnpackToDestFp32;")
                 self.line(f"const KernelHandle k_{role} = CreateKernel(program, {path}, cores, ComputeConfig{{"
-                          f".math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = {'true' if kern.fp32_dest_acc.data else 'false'}, "
+                          f".math_fidelity = MathFidelity::HiFi4, "
+                          f".fp32_dest_acc_en = {'true' if kern.fp32_dest_acc.data else 'false'}, "
                           f".unpack_to_dest_mode = utd_{i}, .compile_args = {ct}}});")
             else:
                 cfg = "ReaderDataMovementConfig" if role == "reader" else "WriterDataMovementConfig"

@@ -312,5 +312,5 @@ class CallOp(IRDLOperation):
                 raise VerifyException(f"ttk.call {self.callee.data}: argument refers to operand {a.data}")
 
 
-Ttk = Dialect("ttk", [ProgramOp, LaunchOp, CoresOp, CoreIndexOp, BufferAddrOp, ScalarArgOp, BitsOp, WorkspaceOp, ReturnIfOp, CheckOp,
-                      CbOp, KernelOp, ArgOp, AccessorOp, CallOp], [])
+Ttk = Dialect("ttk", [ProgramOp, LaunchOp, CoresOp, CoreIndexOp, BufferAddrOp, ScalarArgOp, BitsOp, WorkspaceOp,
+                      ReturnIfOp, CheckOp, CbOp, KernelOp, ArgOp, AccessorOp, CallOp], [])

@@ -42,7 +42,6 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from opgen import dtypes
 from opgen.ir import dialect as ir
 from opgen.tile import dialect as t
-from opgen.tile.dialect import INDEX
 from opgen.tile.lower import TileUnsupported
 from opgen.ttmetal import dialect as k
 from opgen.ttmetal.sizes import TILE
@@ -243,11 +242,15 @@ def _prune(block: Block) -> None:
                 o.detach()
                 o.erase()
                 changed = True
-            elif (isinstance(o, SCALAR_OPS) or (isinstance(o, k.CallOp) and o.res and o.callee.data.startswith("get_"))) \
-                    and all(not r.uses for r in o.results):
+            elif _pure(o) and all(not r.uses for r in o.results):
                 o.detach()
                 o.erase()
                 changed = True
+
+
+def _pure(o: Operation) -> bool:
+    """A scalar op or a ``get_*`` query (its result unused: nothing to keep)."""
+    return isinstance(o, SCALAR_OPS) or (isinstance(o, k.CallOp) and bool(o.res) and o.callee.data.startswith("get_"))
 
 
 def _push(ops: list[Operation], op: Operation) -> SSAValue:
@@ -524,8 +527,8 @@ class Lowering:
             ntiles = self.c.val(self.tiles_of(init))
             self.store_tiles(self.env[init], acc, ntiles)  # the initial value
             accs.append(acc)
-        ivs = [b.open_loop(*b_vals, op.iv.name_hint or "i") for b, b_vals in
-               zip(self.b, zip(self.all_val(op.lo), self.all_val(op.hi), self.all_val(op.step), strict=True), strict=True)]
+        bounds = zip(self.all_val(op.lo), self.all_val(op.hi), self.all_val(op.step), strict=True)
+        ivs = [b.open_loop(*bv, op.iv.name_hint or "i") for b, bv in zip(self.b, bounds, strict=True)]
         for b, iv in zip(self.b, ivs, strict=True):
             b.maps[-1][op.iv] = iv
         self.scopes.append([])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from xdsl.dialects.builtin import FloatAttr, IntAttr
 from xdsl.ir import Block, Operation, SSAValue
@@ -50,9 +51,9 @@ class ProgramReport:
 class _Eval:
     """Values of scalar ops (Python ints/floats) for one launch and one core."""
 
-    BIN = {ir.AddOp: lambda a, b: a + b, ir.SubOp: lambda a, b: a - b, ir.MulOp: lambda a, b: a * b,
+    BIN: ClassVar[dict] = {ir.AddOp: lambda a, b: a + b, ir.SubOp: lambda a, b: a - b, ir.MulOp: lambda a, b: a * b,
            ir.MinOp: min, ir.MaxOp: max, ir.AndOp: lambda a, b: a and b, ir.OrOp: lambda a, b: a or b}
-    CMP = {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b,
+    CMP: ClassVar[dict] = {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b,
            "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b}
 
     def __init__(self, dims: dict[str, int], grid: int):
