@@ -205,17 +205,31 @@ class HostPrinter(Scalars):
         for ln in launches:
             self.launch(ln)
         self.line("return 0;")
-        sig = f"int {self.fn}(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,\n    " + \
-              ",\n    ".join(self.params()) + ")"
-        return "\n".join([f"/* {self.p.sym_name.data}: {len(launches)} launch(es) on the mesh command queue. */",
+        sig = f"static int {self.fn}(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,\n    " + \
+              ",\n    ".join([*self.params(), "bool quiet"]) + ")"
+        return "\n".join([f"/* {self.p.sym_name.data}: {len(launches)} launch(es) on the mesh command queue; 2 (quiet) "
+                          "or 1 (a message) when it cannot run. */",
                           sig + " {", "    auto& cq = mesh.mesh_command_queue();", *self.lines, "}", ""])
+
+    def public(self, fn: str, schedules: list[str]) -> str:
+        """The op's function for this dtype instance: the first schedule that can run."""
+        names = [*(a.split(" ")[-1] for a in self.params()), "quiet"]
+        args = ", ".join(["mesh", "kernel_dir", "grid", *names[:-1]])
+        lines = [f"/* {self.p.sym_name.data}: schedules tried in order: {', '.join(schedules)}. */",
+                 f"int {fn}(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,\n    "
+                 + ",\n    ".join(self.params()) + ") {"]
+        for i, sch in enumerate(schedules):
+            last = i == len(schedules) - 1
+            lines.append(f"    {'return' if last else 'if (int rc ='} {sch}({args}, {'false' if last else 'true'})"
+                         f"{';' if last else '; rc != 2) return rc;'}")
+        return "\n".join([*lines, "}", ""])
 
     def host_op(self, op: Operation) -> None:
         if isinstance(op, k.ReturnIfOp):
             self.line(f"if ({self.name(op.cond)}) return 0;  // every output is empty")
         elif isinstance(op, k.CheckOp):
             msg = op.message.data.replace('"', '\\"')
-            self.line(f'if (!({self.name(op.cond)})) return opgen_tt_error("{self.p.sym_name.data}: {msg}");')
+            self.line(f'if (!({self.name(op.cond)})) return quiet ? 2 : opgen_tt_error("{self.p.sym_name.data}: {msg}");')
         elif isinstance(op, k.WorkspaceOp):
             self.line(f"auto {op.sym.data} = distributed::MeshBuffer::create(")
             self.line(f"    distributed::ReplicatedBufferConfig{{.size = (uint64_t){self.name(op.bytes)}}},")
@@ -297,7 +311,17 @@ def programs(module: ModuleOp) -> list[k.ProgramOp]:
 
 
 def function_name(prog: k.ProgramOp) -> str:
-    return "opgen_tt_" + prog.sym_name.data.replace(".", "_")
+    """The public host function of the program's dtype instance (every schedule of it)."""
+    return "opgen_tt_" + base_name(prog).replace(".", "_")
+
+
+def base_name(prog: k.ProgramOp) -> str:
+    """``<op>.<dtypes>``: the program's name without its schedule."""
+    return prog.sym_name.data.removesuffix(".streamed")
+
+
+def schedule_name(prog: k.ProgramOp) -> str:
+    return "streamed" if prog.sym_name.data.endswith(".streamed") else "resident"
 
 
 def emit(module: ModuleOp, op_name: str) -> dict[str, str]:
@@ -310,36 +334,52 @@ def emit(module: ModuleOp, op_name: str) -> dict[str, str]:
     fns, manifest = [], {"op": op_name, "layouts": {
         "tile": "32x32 tiles of four 16x16 faces (row-major faces, tiles row-major), one tile per page",
         "row": "row vectors: each row in pages of 32 elements (padded to a multiple of 32)"}, "variants": []}
+    groups: dict[str, list[k.ProgramOp]] = {}
     for prog in programs(module):
-        var = prog.sym_name.data
-        hp = HostPrinter(prog, function_name(prog))
-        entry = {"variant": var, "dtypes": {n: a.data for n, a in prog.dtype_vars.data.items()},
-                 "function": function_name(prog), "args": prog_args(prog), "dims": hp.dims(), "launches": []}
-        for ln in (o for o in prog.body.block.ops if isinstance(o, k.LaunchOp)):
-            le = {"kernels": [], "cbs": []}
-            for o in ln.body.block.ops:
-                if isinstance(o, k.CbOp):
-                    le["cbs"].append({"index": o.index.data, "format": o.format.data, "page_size": o.page.data,
-                                      "holds": o.what.data})
-                if isinstance(o, k.KernelOp):
-                    files[f"{var}/{o.file.data}"] = KernelPrinter(o, var, ln.index.data).print()
-                    pages = {a.sym.data: a.page.data for a in o.body.block.ops if isinstance(a, k.AccessorOp)}
-                    le["kernels"].append({
-                        "file": f"{var}/{o.file.data}", "role": o.role.data,
-                        # interleaved DRAM TensorAccessorArgs: {IsDram, aligned page size} each
-                        "ct_args": [x for a in o.accessors.data for x in (2, pages[a.data])],
-                        "ct_args_from": [f"TensorAccessorArgs(*{a.data})" for a in o.accessors.data],
-                        "rt_args": [a.data for a in o.arg_names.data], "defines": {},
-                        "fp32_dest_acc": bool(o.fp32_dest_acc.data)})
-            entry["launches"].append(le)
-        manifest["variants"].append(entry)
-        fns.append(hp.print())
+        groups.setdefault(base_name(prog), []).append(prog)
+    decls = []
+    for progs in groups.values():
+        impls = []
+        for prog in progs:
+            var = prog.sym_name.data
+            impl = f"{function_name(prog)}_{schedule_name(prog)}"
+            hp = HostPrinter(prog, impl)
+            entry = {"variant": var, "schedule": schedule_name(prog),
+                     "dtypes": {n: a.data for n, a in prog.dtype_vars.data.items()},
+                     "function": function_name(prog), "args": prog_args(prog), "dims": hp.dims(), "launches": []}
+            for ln in (o for o in prog.body.block.ops if isinstance(o, k.LaunchOp)):
+                entry["launches"].append(launch_entry(ln, var, files))
+            manifest["variants"].append(entry)
+            fns.append(hp.print())
+            impls.append(impl)
+        pub = HostPrinter(progs[0], function_name(progs[0])).public(function_name(progs[0]), impls)
+        fns.append(pub)
+        decls.append(pub.split(" {")[0].split("*/\n")[-1] + ";")
     files["opgen_tt_dataflow.h"] = render("ttmetal/opgen_tt_dataflow.h.j2")
-    files["host.hpp"] = render("ttmetal/host.hpp.j2", op=op_name,
-                               decls=[f.split(" {")[0] + ";" for f in fns])
+    files["host.hpp"] = render("ttmetal/host.hpp.j2", op=op_name, decls=decls)
     files["host.cpp"] = render("ttmetal/host.cpp.j2", op=op_name, functions=fns)
     files["manifest.json"] = json.dumps(manifest, indent=2) + "\n"
     return files
+
+
+def launch_entry(ln: k.LaunchOp, var: str, files: dict[str, str]) -> dict:
+    """A launch's kernels (printed into ``files``) and CBs, for manifest.json."""
+    le: dict = {"kernels": [], "cbs": []}
+    for o in ln.body.block.ops:
+        if isinstance(o, k.CbOp):
+            le["cbs"].append({"index": o.index.data, "format": o.format.data, "page_size": o.page.data,
+                              "holds": o.what.data})
+        if isinstance(o, k.KernelOp):
+            files[f"{var}/{o.file.data}"] = KernelPrinter(o, var, ln.index.data).print()
+            pages = {a.sym.data: a.page.data for a in o.body.block.ops if isinstance(a, k.AccessorOp)}
+            le["kernels"].append({
+                "file": f"{var}/{o.file.data}", "role": o.role.data,
+                # interleaved DRAM TensorAccessorArgs: {IsDram, aligned page size} each
+                "ct_args": [x for a in o.accessors.data for x in (2, pages[a.data])],
+                "ct_args_from": [f"TensorAccessorArgs(*{a.data})" for a in o.accessors.data],
+                "rt_args": [a.data for a in o.arg_names.data], "defines": {},
+                "fp32_dest_acc": bool(o.fp32_dest_acc.data)})
+    return le
 
 
 def op_sources(o) -> dict[str, str]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, UnitAttr
+from xdsl.dialects.builtin import ModuleOp, StringAttr, UnitAttr
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -113,6 +113,13 @@ class Node:
     fn: str = ""
     scalar: SSAValue | None = None
     count: SSAValue | None = None
+    n: SSAValue | None = None  # tile-level scalar: column tiles of a full/row value (None: one tile)
+    mask: int = -1  # colsum: the CB of its row-mask tile
+
+    def tiles(self) -> SSAValue | None:
+        if self.n is not None:
+            return self.n
+        return next((k.tiles() for k in self.kids if k.op != "bcast_col" and k.tiles() is not None), None)
 
     def need(self) -> int:
         if self.op == "binary" and not any(c.op == "scalar" for c in self.kids):
@@ -327,12 +334,12 @@ class Lowering:
         return self.host_op(ir.ConstantOp(v, "i64"))
 
     def host_tiles(self, dim: str) -> SSAValue:
-        """Host: tiles along a tile dim symbol (``D`` -> ceil(D/32), ``CC`` -> 1)."""
-        if dim == "CC":
-            return self.hconst(1)
+        """Host: tiles along a tile dim symbol: a dim (``D``) -> ceil(D/32), a column chunk (``C``,
+        ``CC``: the ``chunk`` / ``col_chunk`` parameters) -> ceil(chunk/32)."""
         if dim.isdigit():
             return self.hconst((int(dim) + TILE - 1) // TILE)
-        d = self.host_op(ir.DimOp(dim))
+        chunk = {"C": "chunk", "CC": "col_chunk"}.get(dim)
+        d = self.host_val(self.params[chunk]) if chunk else self.host_op(ir.DimOp(dim))
         return self.host_op(ir.DivOp(self.host_op(ir.AddOp(d, self.hconst(TILE - 1))), self.hconst(TILE)))
 
     def layout(self, gm: SSAValue) -> str:
@@ -364,14 +371,30 @@ class Lowering:
         raise TtUnsupported(self.name, "a global tensor that is not an argument or the workspace")
 
     # -- CBs
-    def cb(self, fmt: str, pages: SSAValue, what: str) -> int:
-        """A new CB of ``max(pages, 1)`` tiles (a dim may be 0)."""
-        pages = self.host_op(ir.MaxOp(pages, self.hconst(1)))
+    def cb(self, fmt: str, pages: int | str, what: str, use: str = "own") -> int:
+        """A CB of ``pages`` tiles (a count, or the tiles of a tile dim symbol: ``max(ceil/32, 1)``,
+        a dim may be 0). ``use``: ``in`` (the reader fills it), ``out`` (the writer drains it) or
+        ``own`` (compute alone). A CB every kernel has emptied (a finished scope's, a drained
+        output's) is reused for the same format, pages and use — the same use keeps the kernels'
+        FIFO order on it — since a launch has 32."""
+        key = (fmt, str(pages), use)
+        if self.free.get(key):
+            i = self.free[key].pop()
+            cbop = self.cbs[i]
+            cbop.what = StringAttr(f"{cbop.what.data}; {what}")
+            return i
+        n = self.hconst(pages) if isinstance(pages, int) else self.host_tiles(pages)
+        n = self.host_op(ir.MaxOp(n, self.hconst(1)))
         i = len(self.cbs)
         if i >= 32:
-            raise TtUnsupported(self.name, "more than 32 circular buffers in one launch")
-        self.cbs.append(k.CbOp(i, fmt, TILE_BYTES[fmt], pages, what))
+            raise TtUnsupported(self.name, "more than 32 live circular buffers in one launch")
+        self.cbs.append(k.CbOp(i, fmt, TILE_BYTES[fmt], n, what))
+        self.cb_keys.append(key)
         return i
+
+    def release(self, cb: int) -> None:
+        """``cb`` is empty from here on in every kernel: later values may reuse it."""
+        self.free.setdefault(self.cb_keys[cb], []).append(cb)
 
     # -- the program
     def run(self) -> k.ProgramOp:
@@ -427,6 +450,8 @@ class Lowering:
         self.host = launch.body.block
         self.hmap: dict[SSAValue, SSAValue] = {}
         self.cbs: list[k.CbOp] = []
+        self.cb_keys: list[tuple[str, str, str]] = []
+        self.free: dict[tuple[str, str, str], list[int]] = {}
         dist = [o for o in ops if isinstance(o, t.ForOp) and isinstance(o.lo.owner, t.BlockIdxOp)]
         if len(dist) != 1:
             raise TtUnsupported(self.name, "a launch without exactly one loop over the cores")
@@ -437,8 +462,8 @@ class Lowering:
         self.b = [self.r, self.c, self.w]
         self.env: dict[SSAValue, Node] = {}
         self.scopes: list[list[tuple[int, SSAValue | None]]] = [[]]  # CBs compute pops at scope end
-        self.one_cb = self.mask_cb = -1
-        self.row_mask: dict[SSAValue, int] = {}
+        self.one_cb = -1
+        self.masks: list[dict[tuple[str, SSAValue], int]] = [{}]  # per scope: mask CBs by count
         self.copied: set[int] = set()
         self.scratch: dict[str, int] = {}  # CBs read by copy_tile / unary_bcast: unpacked to DST in f32
         self.at_top(self.c, "compute_kernel_hw_startup", "tt::CBIndex::c_0", "tt::CBIndex::c_0")
@@ -455,7 +480,7 @@ class Lowering:
         if need is not None:
             ok = self.host_op(ir.CmpOp("le", need, self.hconst(L1_BUDGET)))
             self.host_op(k.CheckOp(ok, f"the CBs of launch {index} need more than {L1_BUDGET} B of L1 per core "
-                                       "(rows this long need the column-chunk schedule, not lowered for TT-Metal yet)"))
+                                       "(rows too long for the resident schedule: the streamed one takes over)"))
         for b in self.b:
             body = b.finish()
             names = sorted(b.rt, key=lambda n: b.rt[n][0])
@@ -466,6 +491,9 @@ class Lowering:
 
     # -- scopes (compute pops the CBs of a loop iteration at its end)
     def close_scope(self) -> None:
+        self.masks.pop()
+        for cb, n in reversed(self.scopes[-1]):
+            self.release(cb)
         for cb, n in reversed(self.scopes.pop()):
             self.c.call("cb_pop_front", f"tt::CBIndex::c_{cb}", "1" if n is None else n)
 
@@ -521,17 +549,19 @@ class Lowering:
         carried = list(op.inits)
         accs = []
         for init in carried:
-            if kind(init) != "row":
-                raise TtUnsupported(self.name, f"a loop-carried {kind(init)} value")
-            acc = self.cb("Float32", self.host_tiles(ir.tensor_type(init).shape[1]), "loop-carried row (column sums)")
-            ntiles = self.c.val(self.tiles_of(init))
-            self.store_tiles(self.env[init], acc, ntiles)  # the initial value
+            kd = kind(init)
+            if kd not in ("row", "col"):
+                raise TtUnsupported(self.name, f"a loop-carried {kd} value")
+            pages = ir.tensor_type(init).shape[1] if kd == "row" else 1
+            acc = self.cb("Float32", pages, f"loop-carried {kd} (sums)")
+            self.store_tiles(self.env[init], acc, self.carried_tiles(init))  # the initial value
             accs.append(acc)
         bounds = zip(self.all_val(op.lo), self.all_val(op.hi), self.all_val(op.step), strict=True)
         ivs = [b.open_loop(*bv, op.iv.name_hint or "i") for b, bv in zip(self.b, bounds, strict=True)]
         for b, iv in zip(self.b, ivs, strict=True):
             b.maps[-1][op.iv] = iv
         self.scopes.append([])
+        self.masks.append({})
         for arg, acc in zip(op.body.block.args[1:], accs, strict=True):
             self.env[arg] = Node("leaf", cb=acc, mode="front")
         for o in op.body.block.ops:
@@ -539,16 +569,54 @@ class Lowering:
         y = op.body.block.last_op
         assert isinstance(y, t.YieldOp)
         for v, acc, init in zip(y.values, accs, carried, strict=True):
-            self.store_tiles(self.env[v], acc, self.c.val(self.tiles_of(init)))
+            self.store_tiles(self.env[v], acc, self.carried_tiles(init))
         self.close_scope()
         for b in self.b:
             b.close_loop()
-        for res, acc in zip(op.results, accs, strict=True):
-            self.env[res] = Node("leaf", cb=acc, mode="front")
+        for res, acc, init in zip(op.results, accs, carried, strict=True):
+            # the final value: read as often as needed, popped at the end of the enclosing scope
+            n = self.carried_tiles(init)
+            self.c.call("cb_wait_front", f"tt::CBIndex::c_{acc}", n)
+            self.scopes[-1].append((acc, n))
+            row = kind(init) == "row"
+            self.env[res] = Node("leaf", cb=acc, mode="tile" if row else "first",
+                                 n=self.tiles(ir.tensor_type(init).shape[1]) if row else None)
 
-    def tiles_of(self, v: SSAValue) -> SSAValue:
-        """A tile-level scalar: how many column tiles ``v`` spans."""
-        return self.tiles(ir.tensor_type(v).shape[1])
+    def carried_tiles(self, init: SSAValue) -> SSAValue:
+        """Compute: the tiles of a loop-carried value (its type's column dim; one for a col)."""
+        if kind(init) == "col":
+            return self.c.const(1)
+        dim = ir.tensor_type(init).shape[1]
+        if dim not in ("D", "CC"):
+            raise TtUnsupported(self.name, f"a loop-carried row of {dim} columns")
+        return self.c.val(self.tiles(dim))
+
+    def cap_tiles(self, dim: str) -> SSAValue:
+        """A tile-level scalar: the pages of a CB holding ``dim`` columns of tiles,
+        ``max(ceil(X / 32), 1)`` for X the dim or the chunk parameter. Copies reserve, push, wait
+        and pop all of them even when fewer tiles are valid (the last chunk of a row), so that no
+        reservation wraps the CB."""
+        key = f"cap:{dim}"
+        if key not in self._tiles:
+            chunk = {"C": "chunk", "CC": "col_chunk"}.get(dim)
+            x = t.ParamOp(chunk) if chunk else ir.DimOp(dim)
+            c1 = ir.ConstantOp(1, "i64")
+            self._scratch.add_op(x)
+            self._scratch.add_op(c1)
+            n = self.ncols_tiles(x.results[0])
+            mx = ir.MaxOp(n, c1.results[0])
+            self._scratch.add_op(mx)
+            self._tiles[key] = mx.results[0]
+        return self._tiles[key]
+
+    def ncols_tiles(self, ncols: SSAValue) -> SSAValue:
+        """A tile-level scalar: ``ceil(ncols / 32)`` (the tiles a copy or a reduction spans)."""
+        c31, c32 = ir.ConstantOp(TILE - 1, "i64"), ir.ConstantOp(TILE, "i64")
+        add = ir.AddOp(ncols, c31.results[0])
+        div = ir.DivOp(add.results[0], c32.results[0])
+        for o in (c31, c32, add, div):
+            self._scratch.add_op(o)
+        return div.results[0]
 
     def tiles(self, dim: str) -> SSAValue:
         """A tile-level scalar (built in a scratch block, cloned into kernels on use): tiles along
@@ -586,13 +654,15 @@ class Lowering:
         gm = op.src
         fmt = self.gm_format(gm)
         name = self.gm_name(gm)
-        cb = self.cb(fmt, self.host_tiles(ir.tensor_type(v).shape[1]), f"{name} ({kd})")
+        cb = self.cb(fmt, ir.tensor_type(v).shape[1], f"{name} ({kd})", "in")
         r = self.r
         acc = r.accessor(gm, name)
-        n = r.val(self.tiles_of(v))
+        tiles = self.ncols_tiles(op.ncols)
+        cap = self.cap_tiles(ir.tensor_type(v).shape[1])
+        n = r.val(tiles)
         first = r.arith(ir.AddOp, self.tile_row(r, gm, op.row0, v), r.arith(ir.DivOp, r.val(op.col0), r.const(TILE)))
         cbn = f"tt::CBIndex::c_{cb}"
-        r.call("cb_reserve_back", cbn, n)
+        r.call("cb_reserve_back", cbn, r.val(cap))
         base = r.call("get_write_ptr", cbn, result=True)
         j = r.open_loop(r.const(0), n, r.const(1), "j")
         page, l1 = r.arith(ir.AddOp, first, j), r.arith(ir.AddOp, base, r.arith(ir.MulOp, j, r.const(TILE_BYTES[fmt])))
@@ -606,11 +676,11 @@ class Lowering:
                 r.call("noc_async_read", src, r.arith(ir.AddOp, l1, r.const(face)), str(self.half(fmt)))
         r.close_loop()
         r.call("noc_async_read_barrier")
-        r.call("cb_push_back", cbn, n)
-        cn = self.c.val(self.tiles_of(v))
+        r.call("cb_push_back", cbn, r.val(cap))
+        cn = self.c.val(cap)
         self.c.call("cb_wait_front", cbn, cn)
         self.scopes[-1].append((cb, cn))
-        self.env[v] = Node("leaf", cb=cb, mode="tile")
+        self.env[v] = Node("leaf", cb=cb, mode="tile", n=tiles)
 
     def copy_out(self, op: t.CopyOutOp) -> None:
         v = op.value
@@ -620,11 +690,12 @@ class Lowering:
         gm = op.dst
         fmt = self.gm_format(gm)
         name = self.gm_name(gm)
-        out = self.cb(fmt, self.hconst(2), f"{name} (out)")
-        self.store_tiles(self.env[v], out, self.c.val(self.tiles_of(v)))
+        out = self.cb(fmt, 2, f"{name} (out)", "out")
+        tiles = self.ncols_tiles(op.ncols)
+        self.store_tiles(self.env[v], out, self.c.val(tiles))
         w = self.w
         acc = w.accessor(gm, name)
-        n = w.val(self.tiles_of(v))
+        n = w.val(tiles)
         first = w.arith(ir.AddOp, self.tile_row(w, gm, op.row0, v), w.arith(ir.DivOp, w.val(op.col0), w.const(TILE)))
         cbn = f"tt::CBIndex::c_{out}"
         j = w.open_loop(w.const(0), n, w.const(1), "j")
@@ -642,6 +713,7 @@ class Lowering:
         w.call("cb_pop_front", cbn, "1")
         w.close_loop()
         w.call("noc_async_write_barrier")
+        self.release(out)  # drained by the writer before any later use
 
     @staticmethod
     def half(fmt: str) -> int:
@@ -655,27 +727,34 @@ class Lowering:
     # -- reader-built constant tiles
     def scaler(self) -> int:
         if self.one_cb < 0:
-            self.one_cb = self.cb("Float16_b", self.hconst(1), "reduce scaler (1.0)")
+            self.one_cb = self.cb("Float16_b", 1, "reduce scaler (1.0)", "in")
             self.at_top(self.r, "opgen_tt_fill_scaler", f"tt::CBIndex::c_{self.one_cb}")
             self.at_top(self.c, "cb_wait_front", f"tt::CBIndex::c_{self.one_cb}", "1")
             self.scopes[0].append((self.one_cb, None))
         return self.one_cb
 
-    def col_mask(self) -> int:
-        if self.mask_cb < 0:
-            self.mask_cb = self.cb("Float16_b", self.hconst(2), "column masks (all ones, last tile)")
-            self.at_top(self.r, "opgen_tt_fill_col_masks", f"tt::CBIndex::c_{self.mask_cb}", self.last_cols("D"))
-            self.at_top(self.c, "cb_wait_front", f"tt::CBIndex::c_{self.mask_cb}", "2")
-            self.scopes[0].append((self.mask_cb, "2"))
-        return self.mask_cb
+    def col_mask(self, count: SSAValue) -> int:
+        """Two mask tiles for a row sum over ``count`` columns: all ones (every tile but the
+        last), then the last tile's valid columns. Built by the reader where the sum is (once per
+        loop iteration there), popped at the end of that iteration."""
+        key = ("col", count)
+        if key not in self.masks[-1]:
+            cb = self.cb("Float16_b", 2, "column masks (all ones, last tile)", "in")
+            cbn = f"tt::CBIndex::c_{cb}"
+            self.r.call("opgen_tt_fill_col_masks", cbn, self.r.val(self.last_cols(count)))
+            self.c.call("cb_wait_front", cbn, "2")
+            self.scopes[-1].append((cb, "2"))
+            self.masks[-1][key] = cb
+        return self.masks[-1][key]
 
-    def last_cols(self, dim: str) -> SSAValue:
-        """A tile-level scalar: the valid columns of the last column tile, ``D - 32*(tiles-1)``."""
-        d, c1, c32 = ir.DimOp(dim), ir.ConstantOp(1, "i64"), ir.ConstantOp(TILE, "i64")
-        sub = ir.SubOp(self.tiles(dim), c1.results[0])
+    def last_cols(self, count: SSAValue) -> SSAValue:
+        """A tile-level scalar: the valid columns of the last of ``count``'s tiles,
+        ``count - 32 * (ceil(count / 32) - 1)``."""
+        c1, c32 = ir.ConstantOp(1, "i64"), ir.ConstantOp(TILE, "i64")
+        sub = ir.SubOp(self.ncols_tiles(count), c1.results[0])
         mul = ir.MulOp(sub.results[0], c32.results[0])
-        last = ir.SubOp(d.results[0], mul.results[0])
-        for o in (d, c1, c32, sub, mul, last):
+        last = ir.SubOp(count, mul.results[0])
+        for o in (c1, c32, sub, mul, last):
             self._scratch.add_op(o)
         return last.results[0]
 
@@ -696,32 +775,32 @@ class Lowering:
 
     def row_mask_cb(self, count: SSAValue) -> int:
         """A CB with one mask tile per row block: 1.0 in the block's ``count`` valid rows."""
-        if count not in self.row_mask:
-            cb = self.cb("Float16_b", self.hconst(1), "row mask (valid rows of the block)")
+        key = ("row", count)
+        if key not in self.masks[-1]:
+            cb = self.cb("Float16_b", 1, "row mask (valid rows of the block)", "in")
             cbn = f"tt::CBIndex::c_{cb}"
             self.r.call("opgen_tt_fill_row_mask", cbn, self.r.val(count))
             self.c.call("cb_wait_front", cbn, "1")
             self.scopes[-1].append((cb, None))
-            self.row_mask[count] = cb
-        return self.row_mask[count]
+            self.masks[-1][key] = cb
+        return self.masks[-1][key]
 
     def reduce(self, op: t.ReduceOp) -> None:
         if op.kind.data != "sum":
             raise TtUnsupported(self.name, f"a {op.kind.data} reduction")
         x = self.env[op.x]
         if op.axis.data == 0:
-            self.row_mask_cb(op.count)
-            self.env[op.results[0]] = Node("colsum", [x], count=op.count)
+            self.env[op.results[0]] = Node("colsum", [x], count=op.count, mask=self.row_mask_cb(op.count))
             return
         if kind(op.x) != "full":
             raise TtUnsupported(self.name, f"a row sum of a {kind(op.x)} tile")
         c = self.c
         one = self.scaler()
-        mask = self.col_mask()
-        n = c.val(self.tiles_of(op.x))
+        mask = self.col_mask(op.count)
+        n = c.val(self.ncols_tiles(op.count))
         self.materialize_cols(x)
         red = self.shared("row-sum operand (hi, mid, lo)", "Float32", SPLIT * REDUCE_CHUNK)
-        out = self.cb("Float32", self.hconst(1), "row sums (column 0)")
+        out = self.cb("Float32", 1, "row sums (column 0)")
         redn, onen, outn = (f"tt::CBIndex::c_{i}" for i in (red, one, out))
         self.zero_tile(out)
         # chunks of REDUCE_CHUNK tiles: the operand's tiles (pad columns of the last masked),
@@ -758,7 +837,7 @@ class Lowering:
     def shared(self, what: str, fmt: str, pages: int) -> int:
         """A scratch CB every user empties before the next one fills it (one per launch)."""
         if what not in self.scratch:
-            self.scratch[what] = self.cb(fmt, self.hconst(pages), what)
+            self.scratch[what] = self.cb(fmt, pages, what)
         return self.scratch[what]
 
     def pack(self, cb: int, slots: tuple[int, ...] = (0,)) -> None:
@@ -786,7 +865,7 @@ class Lowering:
         for kid in node.kids:
             self.materialize_cols(kid)
         if node.op == "bcast_col" and node.kids[0].op != "leaf":
-            cb = self.cb("Float32", self.hconst(1), "per-row values")
+            cb = self.cb("Float32", 1, "per-row values")
             self.section(node.kids[0], cb, self.c.const(0))
             self.c.call("cb_wait_front", f"tt::CBIndex::c_{cb}", "1")
             self.scopes[-1].append((cb, None))
@@ -849,7 +928,7 @@ class Lowering:
         if node.op == "colsum" and node.cb < 0:
             self.materialize_cols(node.kids[0])
             node.cb = self.shared("column-sum operand (hi, mid, lo)", "Float32", SPLIT)
-            self.section(node.kids[0], node.cb, j, mask=(self.row_mask[node.count], self.c.const(0)), split=True)
+            self.section(node.kids[0], node.cb, j, mask=(node.mask, self.c.const(0)), split=True)
             self.c.call("cb_wait_front", f"tt::CBIndex::c_{node.cb}", str(SPLIT))
 
     def eval(self, node: Node, slot: int, j: SSAValue, pops: list[tuple[int, int]]) -> bool:

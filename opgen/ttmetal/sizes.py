@@ -7,9 +7,10 @@ group, added in group order by the next launch). ``group`` depends on the number
 only — never on the number of cores — so results are bitwise identical on any grid: the groups
 are at most ``GROUPS`` (enough for an 8x8 Wormhole grid).
 
-Only the resident schedule (whole rows of a row block in L1) is kept: the host checks it fits the
-L1 budget (opgen/ttmetal/lower.py); column-chunked rows (the Ascend ``streamed`` kernel) are not
-lowered for TT-Metal yet.
+Both schedules of the tile level are kept: *resident* (whole rows of a row block in L1) and, for
+rows too long for it, *streamed* (each row block walked in column chunks of ``CHUNK_TILES``
+tiles: once for the row sums, once for the outputs; one partial row per block). The host
+function runs the first whose CBs fit L1 (opgen/emit/ttmetal.py).
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ from opgen.tile.dialect import INDEX
 TILE = 32
 #: the most groups (partial rows) a row walk is split into: one per core of an 8x8 grid
 GROUPS = 64
+#: tiles of a column chunk in the column-chunk schedule (rows too long for L1)
+CHUNK_TILES = 8
 
 
 class SizeTilesTt(ModulePass):
-    """Fill each resident ``tile.kernel``'s ``tile.tiling`` with TT tile sizes; drop the other
-    schedules (see the module docstring)."""
+    """Fill each ``tile.kernel``'s ``tile.tiling`` with TT tile sizes (see the module docstring)."""
 
     name = "size-tiles-tt"
 
@@ -39,9 +41,7 @@ class SizeTilesTt(ModulePass):
         for k in list(op.body.block.ops):
             if not isinstance(k, t.KernelOp):
                 continue
-            if k.attributes.get("schedule") is not None and k.attributes["schedule"].data == "streamed":
-                op.body.block.erase_op(k)
-                continue
+            streamed = k.attributes.get("schedule") is not None and k.attributes["schedule"].data == "streamed"
             tiling = next(o for o in k.body.block.ops if isinstance(o, t.TilingOp))
             for o in list(tiling.body.block.ops):
                 tiling.body.block.erase_op(o)
@@ -52,10 +52,17 @@ class SizeTilesTt(ModulePass):
             group = b.op(ir.MaxOp(b.ceil_div(tiles, b.const(GROUPS)), one))
             b.set("rows", tile)
             b.set("tiles", tiles)
-            b.set("group", group)
-            b.set("groups", b.ceil_div(tiles, group))
-            b.set("col_chunk", tile)
             d = b.op(ir.DimOp("D")) if _uses_dim(k, "D") else one
+            if streamed:  # rows in column chunks of CHUNK_TILES tiles, one partial row per block
+                chunk = b.op(ir.MinOp(b.const(CHUNK_TILES * TILE), b.op(ir.MulOp(b.ceil_div(d, tile), tile))))
+                chunk = b.op(ir.MaxOp(chunk, tile))
+                b.set("chunk", chunk)
+                b.set("chunks", b.ceil_div(d, chunk))
+                b.set("groups", tiles)
+            else:
+                b.set("group", group)
+                b.set("groups", b.ceil_div(tiles, group))
+            b.set("col_chunk", tile)
             b.set("col_chunks", b.ceil_div(d, tile))
 
 

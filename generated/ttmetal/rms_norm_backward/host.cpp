@@ -32,8 +32,8 @@ CoreRangeSet opgen_tt_cores(CoreCoord grid, uint32_t n) {
 
 }  // namespace
 
-/* rms_norm_backward.f32: 2 launch(es) on the mesh command queue. */
-int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* rms_norm_backward.f32: 2 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad_y,
     const std::shared_ptr<distributed::MeshBuffer>& x,
     const std::shared_ptr<distributed::MeshBuffer>& w,
@@ -41,7 +41,8 @@ int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::str
     const std::shared_ptr<distributed::MeshBuffer>& grad_x,
     const std::shared_ptr<distributed::MeshBuffer>& grad_w,
     uint32_t D,
-    uint32_t N) {
+    uint32_t N,
+    bool quiet) {
     auto& cq = mesh.mesh_command_queue();
     const int64_t v1 = (int64_t)D;
     const bool v2 = v1 == 0;
@@ -104,41 +105,42 @@ int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::str
     const int64_t v55 = v54 + v48;
     const int64_t v56 = v33 * 4096;
     const int64_t v57 = v55 + v56;
-    const int64_t v58 = v57 + v52;
-    const bool v59 = v58 <= 1400000;
-    if (!(v59)) return opgen_tt_error("rms_norm_backward.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows this long need the column-chunk schedule, not lowered for TT-Metal yet)");
-    const int64_t v60 = (int64_t)D;
-    const int64_t v61 = v60 + 32;
-    const int64_t v62 = v61 - 1;
-    const int64_t v63 = v62 / 32;
-    const int64_t v64 = std::min<int64_t>((int64_t)(grid.x * grid.y), v63 > 1 ? v63 : 1);
-    const int64_t v65 = (1 > 1 ? 1 : 1);
-    const int64_t v66 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v67 = (int64_t)N;
-    const int64_t v68 = v67 + 32;
-    const int64_t v69 = v68 - 1;
-    const int64_t v70 = v69 / 32;
-    const int64_t v71 = v70 + 64;
-    const int64_t v72 = v71 - 1;
-    const int64_t v73 = v72 / 64;
-    const int64_t v74 = (v73 > 1 ? v73 : 1);
-    const int64_t v75 = v70 + v74;
-    const int64_t v76 = v75 - 1;
-    const int64_t v77 = v76 / v74;
-    const int64_t v78 = (int64_t)ws_partials0->address();
-    const int64_t v79 = (2 > 1 ? 2 : 1);
-    const int64_t v80 = (int64_t)grad_w->address();
-    const int64_t v81 = v65 * 4096;
-    const int64_t v82 = v81 + v81;
-    const int64_t v83 = v79 * 4096;
-    const int64_t v84 = v82 + v83;
-    const bool v85 = v84 <= 1400000;
-    if (!(v85)) return opgen_tt_error("rms_norm_backward.f32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows this long need the column-chunk schedule, not lowered for TT-Metal yet)");
+    const bool v58 = v57 <= 1400000;
+    if (!(v58)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v59 = (int64_t)D;
+    const int64_t v60 = v59 + 32;
+    const int64_t v61 = v60 - 1;
+    const int64_t v62 = v61 / 32;
+    const int64_t v63 = std::min<int64_t>((int64_t)(grid.x * grid.y), v62 > 1 ? v62 : 1);
+    const int64_t v64 = 32 + 31;
+    const int64_t v65 = v64 / 32;
+    const int64_t v66 = (v65 > 1 ? v65 : 1);
+    const int64_t v67 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v68 = (int64_t)N;
+    const int64_t v69 = v68 + 32;
+    const int64_t v70 = v69 - 1;
+    const int64_t v71 = v70 / 32;
+    const int64_t v72 = v71 + 64;
+    const int64_t v73 = v72 - 1;
+    const int64_t v74 = v73 / 64;
+    const int64_t v75 = (v74 > 1 ? v74 : 1);
+    const int64_t v76 = v71 + v75;
+    const int64_t v77 = v76 - 1;
+    const int64_t v78 = v77 / v75;
+    const int64_t v79 = (int64_t)ws_partials0->address();
+    const int64_t v80 = (2 > 1 ? 2 : 1);
+    const int64_t v81 = (int64_t)grad_w->address();
+    const int64_t v82 = v66 * 4096;
+    const int64_t v83 = v82 + v82;
+    const int64_t v84 = v80 * 4096;
+    const int64_t v85 = v83 + v84;
+    const bool v86 = v85 <= 1400000;
+    if (!(v86)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v17);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // w (row)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // loop-carried row (column sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // loop-carried row (sums)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // grad_y (full)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // x (full)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v25) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // reduce scaler (1.0)
@@ -147,11 +149,10 @@ int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::str
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v25) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // row sums (column 0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v25) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // row mask (valid rows of the block)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v25) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // row sums (column 0)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // grad_x (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // grad_x (out); ws_partials0 (out)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v25) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // per-row values
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v25) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // per-row values
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v33) * 4096, {{13, tt::DataFormat::Float32}}).set_page_size(13, 4096));  // column-sum operand (hi, mid, lo)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{14, tt::DataFormat::Float32}}).set_page_size(14, 4096));  // ws_partials0 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*w).append_to(ct_reader);
         TensorAccessorArgs(*grad_y).append_to(ct_reader);
@@ -174,10 +175,10 @@ int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::str
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v17; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v86 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v21, (uint32_t)v1, (uint32_t)v86, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v23, (uint32_t)32, (uint32_t)v24, (uint32_t)v3});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v86, (uint32_t)v16, (uint32_t)v17, (uint32_t)v22, (uint32_t)v13, (uint32_t)v9, (uint32_t)v29, (uint32_t)v31});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v86, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v32, (uint32_t)v1, (uint32_t)32, (uint32_t)v37});
+            const int64_t v87 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v21, (uint32_t)v1, (uint32_t)v87, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v23, (uint32_t)32, (uint32_t)v24, (uint32_t)v3});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v87, (uint32_t)v16, (uint32_t)v17, (uint32_t)v22, (uint32_t)v13, (uint32_t)v9, (uint32_t)v29, (uint32_t)v31});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v87, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v32, (uint32_t)v1, (uint32_t)32, (uint32_t)v37});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -185,10 +186,10 @@ int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::str
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v64);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v65) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (column sums)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v65) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v79) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // grad_w (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v63);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v80) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // grad_w (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_partials0).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
@@ -200,12 +201,12 @@ int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::str
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*grad_w).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v64; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v63; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v87 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v87, (uint32_t)v63, (uint32_t)v64, (uint32_t)v77, (uint32_t)v78, (uint32_t)v60, (uint32_t)32});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v87, (uint32_t)v63, (uint32_t)v64, (uint32_t)v66, (uint32_t)v77});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v87, (uint32_t)v63, (uint32_t)v64, (uint32_t)v77, (uint32_t)v80, (uint32_t)32});
+            const int64_t v88 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v88, (uint32_t)v62, (uint32_t)v63, (uint32_t)v78, (uint32_t)v79, (uint32_t)v59, (uint32_t)32});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v88, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v78, (uint32_t)32, (uint32_t)v59});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v88, (uint32_t)v62, (uint32_t)v63, (uint32_t)v78, (uint32_t)v81, (uint32_t)v59, (uint32_t)32});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -214,8 +215,185 @@ int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::str
     return 0;
 }
 
-/* rms_norm_backward.bf16: 2 launch(es) on the mesh command queue. */
-int opgen_tt_rms_norm_backward_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* rms_norm_backward.f32.streamed: 2 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& x,
+    const std::shared_ptr<distributed::MeshBuffer>& w,
+    float eps,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
+    uint32_t D,
+    uint32_t N,
+    bool quiet) {
+    auto& cq = mesh.mesh_command_queue();
+    const int64_t v1 = (int64_t)D;
+    const bool v2 = v1 == 0;
+    const int64_t v3 = (int64_t)N;
+    const bool v4 = v3 == 0;
+    const bool v5 = v4 || v2;
+    const bool v6 = v2 && v5;
+    if (v6) return 0;  // every output is empty
+    const int64_t v7 = v3 + 32;
+    const int64_t v8 = v7 - 1;
+    const int64_t v9 = v8 / 32;
+    const int64_t v10 = std::min<int64_t>((int64_t)(grid.x * grid.y), v9 > 1 ? v9 : 1);
+    const int64_t v11 = (1 > 1 ? 1 : 1);
+    const int64_t v12 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v13 = v1 + 32;
+    const int64_t v14 = v13 - 1;
+    const int64_t v15 = v14 / 32;
+    const int64_t v16 = v15 * 32;
+    const int64_t v17 = (256 < v16 ? 256 : v16);
+    const int64_t v18 = (v17 > 32 ? v17 : 32);
+    const int64_t v19 = v1 + v18;
+    const int64_t v20 = v19 - 1;
+    const int64_t v21 = v20 / v18;
+    const int64_t v22 = v18 + 31;
+    const int64_t v23 = v22 / 32;
+    const int64_t v24 = (v23 > 1 ? v23 : 1);
+    const int64_t v25 = (int64_t)x->address();
+    const int64_t v26 = (2 > 1 ? 2 : 1);
+    const int64_t v27 = (6 > 1 ? 6 : 1);
+    const int64_t v28 = (int64_t)grad_y->address();
+    const int64_t v29 = (int64_t)w->address();
+    const int64_t v30 = v1 + 31;
+    const int64_t v31 = v30 / 32;
+    const int64_t v32 = v9 * v31;
+    const int64_t v33 = (v32 > 1 ? v32 : 1);
+    const int64_t v34 = v33 * 128;
+    auto ws_partials0 = distributed::MeshBuffer::create(
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v34},
+        distributed::DeviceLocalBufferConfig{.page_size = 128, .buffer_type = BufferType::DRAM}, &mesh);
+    const float v35 = (float)(v1);
+    const int64_t v36 = (int64_t)opgen_tt_bits(v35);
+    const float v37 = eps;
+    const int64_t v38 = (int64_t)opgen_tt_bits(v37);
+    const int64_t v39 = (3 > 1 ? 3 : 1);
+    const int64_t v40 = (int64_t)ws_partials0->address();
+    const int64_t v41 = (int64_t)grad_x->address();
+    const int64_t v42 = v11 * 4096;
+    const int64_t v43 = v42 + v42;
+    const int64_t v44 = v24 * 4096;
+    const int64_t v45 = v43 + v44;
+    const int64_t v46 = v11 * 2048;
+    const int64_t v47 = v45 + v46;
+    const int64_t v48 = v26 * 2048;
+    const int64_t v49 = v47 + v48;
+    const int64_t v50 = v27 * 4096;
+    const int64_t v51 = v49 + v50;
+    const int64_t v52 = v51 + v42;
+    const int64_t v53 = v52 + v44;
+    const int64_t v54 = v53 + v44;
+    const int64_t v55 = v54 + v42;
+    const int64_t v56 = v55 + v46;
+    const int64_t v57 = v26 * 4096;
+    const int64_t v58 = v56 + v57;
+    const int64_t v59 = v39 * 4096;
+    const int64_t v60 = v58 + v59;
+    const bool v61 = v60 <= 1400000;
+    if (!(v61)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32.streamed: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v62 = (int64_t)D;
+    const int64_t v63 = v62 + 32;
+    const int64_t v64 = v63 - 1;
+    const int64_t v65 = v64 / 32;
+    const int64_t v66 = std::min<int64_t>((int64_t)(grid.x * grid.y), v65 > 1 ? v65 : 1);
+    const int64_t v67 = 32 + 31;
+    const int64_t v68 = v67 / 32;
+    const int64_t v69 = (v68 > 1 ? v68 : 1);
+    const int64_t v70 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v71 = (int64_t)N;
+    const int64_t v72 = v71 + 32;
+    const int64_t v73 = v72 - 1;
+    const int64_t v74 = v73 / 32;
+    const int64_t v75 = (int64_t)ws_partials0->address();
+    const int64_t v76 = (2 > 1 ? 2 : 1);
+    const int64_t v77 = (int64_t)grad_w->address();
+    const int64_t v78 = v69 * 4096;
+    const int64_t v79 = v78 + v78;
+    const int64_t v80 = v76 * 4096;
+    const int64_t v81 = v79 + v80;
+    const bool v82 = v81 <= 1400000;
+    if (!(v82)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32.streamed: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    {  // launch 0
+        Program program = CreateProgram();
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v10);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried col (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // loop-carried col (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // x (full); grad_y (full)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // reduce scaler (1.0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // column masks (all ones, last tile)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v27) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // row-sum operand (hi, mid, lo)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{6, tt::DataFormat::Float32}}).set_page_size(6, 4096));  // row sums (column 0); per-row values
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // grad_y (full); x (full)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // w (row); w (row)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // row sums (column 0); per-row values
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // row mask (valid rows of the block)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_partials0 (out); grad_x (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v39) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // column-sum operand (hi, mid, lo)
+        std::vector<uint32_t> ct_reader;
+        TensorAccessorArgs(*x).append_to(ct_reader);
+        TensorAccessorArgs(*grad_y).append_to(ct_reader);
+        TensorAccessorArgs(*w).append_to(ct_reader);
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.streamed/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        std::vector<uint32_t> ct_compute;
+        std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
+        utd_0[0] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[2] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[6] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[7] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[8] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[9] = UnpackToDestMode::UnpackToDestFp32;
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.streamed/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        std::vector<uint32_t> ct_writer;
+        TensorAccessorArgs(*ws_partials0).append_to(ct_writer);
+        TensorAccessorArgs(*grad_x).append_to(ct_writer);
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.streamed/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        for (uint32_t core_i = 0; core_i < (uint32_t)v10; ++core_i) {
+            const CoreCoord core{core_i % grid.x, core_i / grid.x};
+            const int64_t v83 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v83, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v25, (uint32_t)v1, (uint32_t)v18, (uint32_t)32, (uint32_t)v28, (uint32_t)v29, (uint32_t)v3});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v83, (uint32_t)v9, (uint32_t)v10, (uint32_t)v12, (uint32_t)v12, (uint32_t)v21, (uint32_t)v18, (uint32_t)v1, (uint32_t)v36, (uint32_t)v38});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v83, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v40, (uint32_t)v1, (uint32_t)v18, (uint32_t)v41, (uint32_t)32});
+        }
+        distributed::MeshWorkload workload;
+        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
+        distributed::EnqueueMeshWorkload(cq, workload, false);
+    }
+    {  // launch 1
+        Program program = CreateProgram();
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v66);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v76) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // grad_w (out)
+        std::vector<uint32_t> ct_reader;
+        TensorAccessorArgs(*ws_partials0).append_to(ct_reader);
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.streamed/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        std::vector<uint32_t> ct_compute;
+        std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
+        utd_1[0] = UnpackToDestMode::UnpackToDestFp32;
+        utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.streamed/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        std::vector<uint32_t> ct_writer;
+        TensorAccessorArgs(*grad_w).append_to(ct_writer);
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.streamed/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        for (uint32_t core_i = 0; core_i < (uint32_t)v66; ++core_i) {
+            const CoreCoord core{core_i % grid.x, core_i / grid.x};
+            const int64_t v84 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v84, (uint32_t)v65, (uint32_t)v66, (uint32_t)v74, (uint32_t)v75, (uint32_t)v62, (uint32_t)32});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v84, (uint32_t)v65, (uint32_t)v66, (uint32_t)v70, (uint32_t)v74, (uint32_t)32, (uint32_t)v62});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v84, (uint32_t)v65, (uint32_t)v66, (uint32_t)v74, (uint32_t)v77, (uint32_t)v62, (uint32_t)32});
+        }
+        distributed::MeshWorkload workload;
+        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
+        distributed::EnqueueMeshWorkload(cq, workload, false);
+    }
+    return 0;
+}
+
+/* rms_norm_backward.f32: schedules tried in order: opgen_tt_rms_norm_backward_f32_resident, opgen_tt_rms_norm_backward_f32_streamed. */
+int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad_y,
     const std::shared_ptr<distributed::MeshBuffer>& x,
     const std::shared_ptr<distributed::MeshBuffer>& w,
@@ -224,6 +402,21 @@ int opgen_tt_rms_norm_backward_bf16(distributed::MeshDevice& mesh, const std::st
     const std::shared_ptr<distributed::MeshBuffer>& grad_w,
     uint32_t D,
     uint32_t N) {
+    if (int rc = opgen_tt_rms_norm_backward_f32_resident(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, true); rc != 2) return rc;
+    return opgen_tt_rms_norm_backward_f32_streamed(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, false);
+}
+
+/* rms_norm_backward.bf16: 2 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& x,
+    const std::shared_ptr<distributed::MeshBuffer>& w,
+    float eps,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
+    uint32_t D,
+    uint32_t N,
+    bool quiet) {
     auto& cq = mesh.mesh_command_queue();
     const int64_t v1 = (int64_t)D;
     const bool v2 = v1 == 0;
@@ -289,39 +482,41 @@ int opgen_tt_rms_norm_backward_bf16(distributed::MeshDevice& mesh, const std::st
     const int64_t v58 = v26 * 4096;
     const int64_t v59 = v57 + v58;
     const bool v60 = v59 <= 1400000;
-    if (!(v60)) return opgen_tt_error("rms_norm_backward.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows this long need the column-chunk schedule, not lowered for TT-Metal yet)");
+    if (!(v60)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
     const int64_t v61 = (int64_t)D;
     const int64_t v62 = v61 + 32;
     const int64_t v63 = v62 - 1;
     const int64_t v64 = v63 / 32;
     const int64_t v65 = std::min<int64_t>((int64_t)(grid.x * grid.y), v64 > 1 ? v64 : 1);
-    const int64_t v66 = (1 > 1 ? 1 : 1);
-    const int64_t v67 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v68 = (int64_t)N;
-    const int64_t v69 = v68 + 32;
-    const int64_t v70 = v69 - 1;
-    const int64_t v71 = v70 / 32;
-    const int64_t v72 = v71 + 64;
-    const int64_t v73 = v72 - 1;
-    const int64_t v74 = v73 / 64;
-    const int64_t v75 = (v74 > 1 ? v74 : 1);
-    const int64_t v76 = v71 + v75;
-    const int64_t v77 = v76 - 1;
-    const int64_t v78 = v77 / v75;
-    const int64_t v79 = (int64_t)ws_partials0->address();
-    const int64_t v80 = (2 > 1 ? 2 : 1);
-    const int64_t v81 = (int64_t)grad_w->address();
-    const int64_t v82 = v66 * 4096;
-    const int64_t v83 = v82 + v82;
-    const int64_t v84 = v80 * 2048;
-    const int64_t v85 = v83 + v84;
-    const bool v86 = v85 <= 1400000;
-    if (!(v86)) return opgen_tt_error("rms_norm_backward.bf16: the CBs of launch 1 need more than 1400000 B of L1 per core (rows this long need the column-chunk schedule, not lowered for TT-Metal yet)");
+    const int64_t v66 = 32 + 31;
+    const int64_t v67 = v66 / 32;
+    const int64_t v68 = (v67 > 1 ? v67 : 1);
+    const int64_t v69 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v70 = (int64_t)N;
+    const int64_t v71 = v70 + 32;
+    const int64_t v72 = v71 - 1;
+    const int64_t v73 = v72 / 32;
+    const int64_t v74 = v73 + 64;
+    const int64_t v75 = v74 - 1;
+    const int64_t v76 = v75 / 64;
+    const int64_t v77 = (v76 > 1 ? v76 : 1);
+    const int64_t v78 = v73 + v77;
+    const int64_t v79 = v78 - 1;
+    const int64_t v80 = v79 / v77;
+    const int64_t v81 = (int64_t)ws_partials0->address();
+    const int64_t v82 = (2 > 1 ? 2 : 1);
+    const int64_t v83 = (int64_t)grad_w->address();
+    const int64_t v84 = v68 * 4096;
+    const int64_t v85 = v84 + v84;
+    const int64_t v86 = v82 * 2048;
+    const int64_t v87 = v85 + v86;
+    const bool v88 = v87 <= 1400000;
+    if (!(v88)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v17);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 2048, {{0, tt::DataFormat::Float16_b}}).set_page_size(0, 2048));  // w (row)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // loop-carried row (column sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // loop-carried row (sums)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // grad_y (full)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // x (full)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v25) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // reduce scaler (1.0)
@@ -354,10 +549,10 @@ int opgen_tt_rms_norm_backward_bf16(distributed::MeshDevice& mesh, const std::st
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v17; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v87 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v21, (uint32_t)v1, (uint32_t)v87, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v23, (uint32_t)32, (uint32_t)v24, (uint32_t)v3});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v87, (uint32_t)v16, (uint32_t)v17, (uint32_t)v22, (uint32_t)v13, (uint32_t)v9, (uint32_t)v29, (uint32_t)v31});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v87, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v32, (uint32_t)v1, (uint32_t)32, (uint32_t)v37});
+            const int64_t v89 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v21, (uint32_t)v1, (uint32_t)v89, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v23, (uint32_t)32, (uint32_t)v24, (uint32_t)v3});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v89, (uint32_t)v16, (uint32_t)v17, (uint32_t)v22, (uint32_t)v13, (uint32_t)v9, (uint32_t)v29, (uint32_t)v31});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v89, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v32, (uint32_t)v1, (uint32_t)32, (uint32_t)v37});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -366,9 +561,9 @@ int opgen_tt_rms_norm_backward_bf16(distributed::MeshDevice& mesh, const std::st
     {  // launch 1
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v65);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (column sums)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v80) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // grad_w (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v68) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v68) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v82) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // grad_w (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_partials0).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
@@ -382,16 +577,206 @@ int opgen_tt_rms_norm_backward_bf16(distributed::MeshDevice& mesh, const std::st
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v65; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v88 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v88, (uint32_t)v64, (uint32_t)v65, (uint32_t)v78, (uint32_t)v79, (uint32_t)v61, (uint32_t)32});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v88, (uint32_t)v64, (uint32_t)v65, (uint32_t)v67, (uint32_t)v78});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v88, (uint32_t)v64, (uint32_t)v65, (uint32_t)v78, (uint32_t)v81, (uint32_t)32});
+            const int64_t v90 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v90, (uint32_t)v64, (uint32_t)v65, (uint32_t)v80, (uint32_t)v81, (uint32_t)v61, (uint32_t)32});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v90, (uint32_t)v64, (uint32_t)v65, (uint32_t)v69, (uint32_t)v80, (uint32_t)32, (uint32_t)v61});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v90, (uint32_t)v64, (uint32_t)v65, (uint32_t)v80, (uint32_t)v83, (uint32_t)v61, (uint32_t)32});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
         distributed::EnqueueMeshWorkload(cq, workload, false);
     }
     return 0;
+}
+
+/* rms_norm_backward.bf16.streamed: 2 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& x,
+    const std::shared_ptr<distributed::MeshBuffer>& w,
+    float eps,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
+    uint32_t D,
+    uint32_t N,
+    bool quiet) {
+    auto& cq = mesh.mesh_command_queue();
+    const int64_t v1 = (int64_t)D;
+    const bool v2 = v1 == 0;
+    const int64_t v3 = (int64_t)N;
+    const bool v4 = v3 == 0;
+    const bool v5 = v4 || v2;
+    const bool v6 = v2 && v5;
+    if (v6) return 0;  // every output is empty
+    const int64_t v7 = v3 + 32;
+    const int64_t v8 = v7 - 1;
+    const int64_t v9 = v8 / 32;
+    const int64_t v10 = std::min<int64_t>((int64_t)(grid.x * grid.y), v9 > 1 ? v9 : 1);
+    const int64_t v11 = (1 > 1 ? 1 : 1);
+    const int64_t v12 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v13 = v1 + 32;
+    const int64_t v14 = v13 - 1;
+    const int64_t v15 = v14 / 32;
+    const int64_t v16 = v15 * 32;
+    const int64_t v17 = (256 < v16 ? 256 : v16);
+    const int64_t v18 = (v17 > 32 ? v17 : 32);
+    const int64_t v19 = v1 + v18;
+    const int64_t v20 = v19 - 1;
+    const int64_t v21 = v20 / v18;
+    const int64_t v22 = v18 + 31;
+    const int64_t v23 = v22 / 32;
+    const int64_t v24 = (v23 > 1 ? v23 : 1);
+    const int64_t v25 = (int64_t)x->address();
+    const int64_t v26 = (2 > 1 ? 2 : 1);
+    const int64_t v27 = (6 > 1 ? 6 : 1);
+    const int64_t v28 = (int64_t)grad_y->address();
+    const int64_t v29 = (int64_t)w->address();
+    const int64_t v30 = v1 + 31;
+    const int64_t v31 = v30 / 32;
+    const int64_t v32 = v9 * v31;
+    const int64_t v33 = (v32 > 1 ? v32 : 1);
+    const int64_t v34 = v33 * 128;
+    auto ws_partials0 = distributed::MeshBuffer::create(
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v34},
+        distributed::DeviceLocalBufferConfig{.page_size = 128, .buffer_type = BufferType::DRAM}, &mesh);
+    const float v35 = (float)(v1);
+    const int64_t v36 = (int64_t)opgen_tt_bits(v35);
+    const float v37 = eps;
+    const int64_t v38 = (int64_t)opgen_tt_bits(v37);
+    const int64_t v39 = (3 > 1 ? 3 : 1);
+    const int64_t v40 = (int64_t)ws_partials0->address();
+    const int64_t v41 = (int64_t)grad_x->address();
+    const int64_t v42 = v11 * 4096;
+    const int64_t v43 = v42 + v42;
+    const int64_t v44 = v24 * 2048;
+    const int64_t v45 = v43 + v44;
+    const int64_t v46 = v11 * 2048;
+    const int64_t v47 = v45 + v46;
+    const int64_t v48 = v26 * 2048;
+    const int64_t v49 = v47 + v48;
+    const int64_t v50 = v27 * 4096;
+    const int64_t v51 = v49 + v50;
+    const int64_t v52 = v51 + v42;
+    const int64_t v53 = v52 + v44;
+    const int64_t v54 = v53 + v44;
+    const int64_t v55 = v54 + v42;
+    const int64_t v56 = v55 + v46;
+    const int64_t v57 = v26 * 4096;
+    const int64_t v58 = v56 + v57;
+    const int64_t v59 = v39 * 4096;
+    const int64_t v60 = v58 + v59;
+    const int64_t v61 = v60 + v48;
+    const bool v62 = v61 <= 1400000;
+    if (!(v62)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16.streamed: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v63 = (int64_t)D;
+    const int64_t v64 = v63 + 32;
+    const int64_t v65 = v64 - 1;
+    const int64_t v66 = v65 / 32;
+    const int64_t v67 = std::min<int64_t>((int64_t)(grid.x * grid.y), v66 > 1 ? v66 : 1);
+    const int64_t v68 = 32 + 31;
+    const int64_t v69 = v68 / 32;
+    const int64_t v70 = (v69 > 1 ? v69 : 1);
+    const int64_t v71 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v72 = (int64_t)N;
+    const int64_t v73 = v72 + 32;
+    const int64_t v74 = v73 - 1;
+    const int64_t v75 = v74 / 32;
+    const int64_t v76 = (int64_t)ws_partials0->address();
+    const int64_t v77 = (2 > 1 ? 2 : 1);
+    const int64_t v78 = (int64_t)grad_w->address();
+    const int64_t v79 = v70 * 4096;
+    const int64_t v80 = v79 + v79;
+    const int64_t v81 = v77 * 2048;
+    const int64_t v82 = v80 + v81;
+    const bool v83 = v82 <= 1400000;
+    if (!(v83)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16.streamed: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    {  // launch 0
+        Program program = CreateProgram();
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v10);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried col (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // loop-carried col (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // x (full); grad_y (full)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // reduce scaler (1.0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // column masks (all ones, last tile)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v27) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // row-sum operand (hi, mid, lo)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{6, tt::DataFormat::Float32}}).set_page_size(6, 4096));  // row sums (column 0); per-row values
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // grad_y (full); x (full)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // w (row); w (row)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // row sums (column 0); per-row values
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // row mask (valid rows of the block)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_partials0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v39) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // column-sum operand (hi, mid, lo)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{13, tt::DataFormat::Float16_b}}).set_page_size(13, 2048));  // grad_x (out)
+        std::vector<uint32_t> ct_reader;
+        TensorAccessorArgs(*x).append_to(ct_reader);
+        TensorAccessorArgs(*grad_y).append_to(ct_reader);
+        TensorAccessorArgs(*w).append_to(ct_reader);
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.streamed/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        std::vector<uint32_t> ct_compute;
+        std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
+        utd_0[0] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[6] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[9] = UnpackToDestMode::UnpackToDestFp32;
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.streamed/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        std::vector<uint32_t> ct_writer;
+        TensorAccessorArgs(*ws_partials0).append_to(ct_writer);
+        TensorAccessorArgs(*grad_x).append_to(ct_writer);
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.streamed/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        for (uint32_t core_i = 0; core_i < (uint32_t)v10; ++core_i) {
+            const CoreCoord core{core_i % grid.x, core_i / grid.x};
+            const int64_t v84 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v84, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v25, (uint32_t)v1, (uint32_t)v18, (uint32_t)32, (uint32_t)v28, (uint32_t)v29, (uint32_t)v3});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v84, (uint32_t)v9, (uint32_t)v10, (uint32_t)v12, (uint32_t)v12, (uint32_t)v21, (uint32_t)v18, (uint32_t)v1, (uint32_t)v36, (uint32_t)v38});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v84, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v40, (uint32_t)v1, (uint32_t)v18, (uint32_t)v41, (uint32_t)32});
+        }
+        distributed::MeshWorkload workload;
+        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
+        distributed::EnqueueMeshWorkload(cq, workload, false);
+    }
+    {  // launch 1
+        Program program = CreateProgram();
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v67);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v77) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // grad_w (out)
+        std::vector<uint32_t> ct_reader;
+        TensorAccessorArgs(*ws_partials0).append_to(ct_reader);
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.streamed/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        std::vector<uint32_t> ct_compute;
+        std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
+        utd_1[0] = UnpackToDestMode::UnpackToDestFp32;
+        utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.streamed/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        std::vector<uint32_t> ct_writer;
+        TensorAccessorArgs(*grad_w).append_to(ct_writer);
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.streamed/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        for (uint32_t core_i = 0; core_i < (uint32_t)v67; ++core_i) {
+            const CoreCoord core{core_i % grid.x, core_i / grid.x};
+            const int64_t v85 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v85, (uint32_t)v66, (uint32_t)v67, (uint32_t)v75, (uint32_t)v76, (uint32_t)v63, (uint32_t)32});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v85, (uint32_t)v66, (uint32_t)v67, (uint32_t)v71, (uint32_t)v75, (uint32_t)32, (uint32_t)v63});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v85, (uint32_t)v66, (uint32_t)v67, (uint32_t)v75, (uint32_t)v78, (uint32_t)v63, (uint32_t)32});
+        }
+        distributed::MeshWorkload workload;
+        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
+        distributed::EnqueueMeshWorkload(cq, workload, false);
+    }
+    return 0;
+}
+
+/* rms_norm_backward.bf16: schedules tried in order: opgen_tt_rms_norm_backward_bf16_resident, opgen_tt_rms_norm_backward_bf16_streamed. */
+int opgen_tt_rms_norm_backward_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& x,
+    const std::shared_ptr<distributed::MeshBuffer>& w,
+    float eps,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
+    uint32_t D,
+    uint32_t N) {
+    if (int rc = opgen_tt_rms_norm_backward_bf16_resident(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, true); rc != 2) return rc;
+    return opgen_tt_rms_norm_backward_bf16_streamed(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, false);
 }
 
 }  // namespace opgen_tt

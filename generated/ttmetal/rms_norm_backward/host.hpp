@@ -21,7 +21,6 @@
 namespace opgen_tt {
 using namespace tt::tt_metal;
 
-/* rms_norm_backward.f32: 2 launch(es) on the mesh command queue. */
 int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad_y,
     const std::shared_ptr<distributed::MeshBuffer>& x,
@@ -31,7 +30,6 @@ int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::str
     const std::shared_ptr<distributed::MeshBuffer>& grad_w,
     uint32_t D,
     uint32_t N);
-/* rms_norm_backward.bf16: 2 launch(es) on the mesh command queue. */
 int opgen_tt_rms_norm_backward_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad_y,
     const std::shared_ptr<distributed::MeshBuffer>& x,

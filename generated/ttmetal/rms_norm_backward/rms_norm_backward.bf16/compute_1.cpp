@@ -28,6 +28,8 @@ void kernel_main() {
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t f3 = get_arg_val<uint32_t>(3);
     const uint32_t groups = get_arg_val<uint32_t>(4);
+    const uint32_t col_chunk = get_arg_val<uint32_t>(5);
+    const uint32_t D = get_arg_val<uint32_t>(6);
     compute_kernel_hw_startup(tt::CBIndex::c_0, tt::CBIndex::c_0);
     for (uint32_t c1 = core; c1 < col_chunks; c1 += cores) {
         for (uint32_t j2 = 0; j2 < 1; j2 += 1) {
@@ -43,8 +45,11 @@ void kernel_main() {
             tile_regs_release();
         }
         for (uint32_t p3 = 0; p3 < groups; p3 += 1) {
-            cb_wait_front(tt::CBIndex::c_1, 1);
-            for (uint32_t j4 = 0; j4 < 1; j4 += 1) {
+            const uint32_t v4 = col_chunk + 31;
+            const uint32_t v5 = v4 / 32;
+            const uint32_t v6 = (v5 > 1 ? v5 : 1);
+            cb_wait_front(tt::CBIndex::c_1, v6);
+            for (uint32_t j7 = 0; j7 < 1; j7 += 1) {
                 tile_regs_acquire();
                 cb_wait_front(tt::CBIndex::c_0, 1);
                 reconfig_data_format_srca(tt::CBIndex::c_0);
@@ -52,7 +57,7 @@ void kernel_main() {
                 copy_tile(tt::CBIndex::c_0, 0, 0);
                 reconfig_data_format_srca(tt::CBIndex::c_1);
                 copy_init(tt::CBIndex::c_1);
-                copy_tile(tt::CBIndex::c_1, j4, 1);
+                copy_tile(tt::CBIndex::c_1, j7, 1);
                 add_binary_tile_init();
                 add_binary_tile(0, 1, 0);
                 tile_regs_commit();
@@ -64,16 +69,20 @@ void kernel_main() {
                 cb_push_back(tt::CBIndex::c_0, 1);
                 tile_regs_release();
             }
-            cb_pop_front(tt::CBIndex::c_1, 1);
+            cb_pop_front(tt::CBIndex::c_1, v6);
         }
-        for (uint32_t j5 = 0; j5 < 1; j5 += 1) {
+        cb_wait_front(tt::CBIndex::c_0, 1);
+        const uint32_t v8 = c1 * col_chunk;
+        const uint32_t v9 = D - v8;
+        const uint32_t v10 = (v9 < col_chunk ? v9 : col_chunk);
+        const uint32_t v11 = v10 + 31;
+        const uint32_t v12 = v11 / 32;
+        for (uint32_t j13 = 0; j13 < v12; j13 += 1) {
             tile_regs_acquire();
-            cb_wait_front(tt::CBIndex::c_0, 1);
             reconfig_data_format_srca(tt::CBIndex::c_0);
             copy_init(tt::CBIndex::c_0);
-            copy_tile(tt::CBIndex::c_0, 0, 0);
+            copy_tile(tt::CBIndex::c_0, j13, 0);
             tile_regs_commit();
-            cb_pop_front(tt::CBIndex::c_0, 1);
             tile_regs_wait();
             cb_reserve_back(tt::CBIndex::c_2, 1);
             pack_reconfig_data_format(tt::CBIndex::c_2);
@@ -81,5 +90,6 @@ void kernel_main() {
             cb_push_back(tt::CBIndex::c_2, 1);
             tile_regs_release();
         }
+        cb_pop_front(tt::CBIndex::c_0, 1);
     }
 }

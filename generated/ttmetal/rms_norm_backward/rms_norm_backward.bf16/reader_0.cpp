@@ -24,59 +24,60 @@ void kernel_main() {
     opgen_tt_fill_scaler(tt::CBIndex::c_4);
     const uint32_t v1 = D + 31;
     const uint32_t v2 = v1 / 32;
-    const uint32_t v3 = v2 - 1;
-    const uint32_t v4 = v3 * 32;
-    const uint32_t v5 = D - v4;
-    opgen_tt_fill_col_masks(tt::CBIndex::c_5, v5);
-    const uint32_t v6 = 0 / 32;
-    const uint32_t v7 = 0 + v6;
-    cb_reserve_back(tt::CBIndex::c_0, v2);
-    const uint32_t v8 = get_write_ptr(tt::CBIndex::c_0);
-    for (uint32_t j9 = 0; j9 < v2; j9 += 1) {
-        const uint32_t v10 = v7 + j9;
-        const uint32_t v11 = j9 * 2048;
-        const uint32_t v12 = v8 + v11;
-        const uint64_t v13 = w.get_noc_addr(v10, 0);
-        const uint32_t v14 = v12 + 0;
+    const uint32_t v3 = 0 / 32;
+    const uint32_t v4 = 0 + v3;
+    const uint32_t v5 = (v2 > 1 ? v2 : 1);
+    cb_reserve_back(tt::CBIndex::c_0, v5);
+    const uint32_t v6 = get_write_ptr(tt::CBIndex::c_0);
+    for (uint32_t j7 = 0; j7 < v2; j7 += 1) {
+        const uint32_t v8 = v4 + j7;
+        const uint32_t v9 = j7 * 2048;
+        const uint32_t v10 = v6 + v9;
+        const uint64_t v11 = w.get_noc_addr(v8, 0);
+        const uint32_t v12 = v10 + 0;
+        noc_async_read(v11, v12, 32);
+        const uint64_t v13 = w.get_noc_addr(v8, 32);
+        const uint32_t v14 = v10 + 512;
         noc_async_read(v13, v14, 32);
-        const uint64_t v15 = w.get_noc_addr(v10, 32);
-        const uint32_t v16 = v12 + 512;
-        noc_async_read(v15, v16, 32);
     }
     noc_async_read_barrier();
-    cb_push_back(tt::CBIndex::c_0, v2);
-    for (uint32_t g17 = core; g17 < groups; g17 += cores) {
-        const uint32_t v18 = g17 * group;
-        const uint32_t v19 = v18 + group;
-        const uint32_t v20 = (v19 < tiles ? v19 : tiles);
-        for (uint32_t t21 = v18; t21 < v20; t21 += 1) {
-            const uint32_t v22 = t21 * rows;
-            const uint32_t v23 = v22 / 32;
-            const uint32_t v24 = v23 * v2;
-            const uint32_t v25 = v24 + v6;
-            cb_reserve_back(tt::CBIndex::c_2, v2);
-            const uint32_t v26 = get_write_ptr(tt::CBIndex::c_2);
-            for (uint32_t j27 = 0; j27 < v2; j27 += 1) {
-                const uint32_t v28 = v25 + j27;
-                const uint32_t v29 = j27 * 2048;
-                const uint32_t v30 = v26 + v29;
-                noc_async_read_page(v28, grad_y, v30);
+    cb_push_back(tt::CBIndex::c_0, v5);
+    for (uint32_t g15 = core; g15 < groups; g15 += cores) {
+        const uint32_t v16 = g15 * group;
+        const uint32_t v17 = v16 + group;
+        const uint32_t v18 = (v17 < tiles ? v17 : tiles);
+        for (uint32_t t19 = v16; t19 < v18; t19 += 1) {
+            const uint32_t v20 = t19 * rows;
+            const uint32_t v21 = v20 / 32;
+            const uint32_t v22 = v21 * v2;
+            const uint32_t v23 = v22 + v3;
+            cb_reserve_back(tt::CBIndex::c_2, v5);
+            const uint32_t v24 = get_write_ptr(tt::CBIndex::c_2);
+            for (uint32_t j25 = 0; j25 < v2; j25 += 1) {
+                const uint32_t v26 = v23 + j25;
+                const uint32_t v27 = j25 * 2048;
+                const uint32_t v28 = v24 + v27;
+                noc_async_read_page(v26, grad_y, v28);
             }
             noc_async_read_barrier();
-            cb_push_back(tt::CBIndex::c_2, v2);
-            cb_reserve_back(tt::CBIndex::c_3, v2);
-            const uint32_t v31 = get_write_ptr(tt::CBIndex::c_3);
-            for (uint32_t j32 = 0; j32 < v2; j32 += 1) {
-                const uint32_t v33 = v25 + j32;
-                const uint32_t v34 = j32 * 2048;
-                const uint32_t v35 = v31 + v34;
-                noc_async_read_page(v33, x, v35);
+            cb_push_back(tt::CBIndex::c_2, v5);
+            cb_reserve_back(tt::CBIndex::c_3, v5);
+            const uint32_t v29 = get_write_ptr(tt::CBIndex::c_3);
+            for (uint32_t j30 = 0; j30 < v2; j30 += 1) {
+                const uint32_t v31 = v23 + j30;
+                const uint32_t v32 = j30 * 2048;
+                const uint32_t v33 = v29 + v32;
+                noc_async_read_page(v31, x, v33);
             }
             noc_async_read_barrier();
-            cb_push_back(tt::CBIndex::c_3, v2);
-            const uint32_t v36 = N - v22;
-            const uint32_t v37 = (v36 < rows ? v36 : rows);
-            opgen_tt_fill_row_mask(tt::CBIndex::c_8, v37);
+            cb_push_back(tt::CBIndex::c_3, v5);
+            const uint32_t v34 = v2 - 1;
+            const uint32_t v35 = v34 * 32;
+            const uint32_t v36 = D - v35;
+            opgen_tt_fill_col_masks(tt::CBIndex::c_5, v36);
+            const uint32_t v37 = N - v20;
+            const uint32_t v38 = (v37 < rows ? v37 : rows);
+            opgen_tt_fill_row_mask(tt::CBIndex::c_8, v38);
         }
     }
 }

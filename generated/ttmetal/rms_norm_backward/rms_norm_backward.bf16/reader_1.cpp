@@ -15,27 +15,34 @@ void kernel_main() {
     const uint32_t col_chunk = get_arg_val<uint32_t>(6);
     for (uint32_t c1 = core; c1 < col_chunks; c1 += cores) {
         for (uint32_t p2 = 0; p2 < groups; p2 += 1) {
-            const uint32_t v3 = D + 31;
-            const uint32_t v4 = v3 / 32;
-            const uint32_t v5 = p2 * v4;
-            const uint32_t v6 = c1 * col_chunk;
+            const uint32_t v3 = c1 * col_chunk;
+            const uint32_t v4 = D - v3;
+            const uint32_t v5 = (v4 < col_chunk ? v4 : col_chunk);
+            const uint32_t v6 = v5 + 31;
             const uint32_t v7 = v6 / 32;
-            const uint32_t v8 = v5 + v7;
-            cb_reserve_back(tt::CBIndex::c_1, 1);
-            const uint32_t v9 = get_write_ptr(tt::CBIndex::c_1);
-            for (uint32_t j10 = 0; j10 < 1; j10 += 1) {
-                const uint32_t v11 = v8 + j10;
-                const uint32_t v12 = j10 * 4096;
-                const uint32_t v13 = v9 + v12;
-                const uint64_t v14 = ws_partials0.get_noc_addr(v11, 0);
-                const uint32_t v15 = v13 + 0;
-                noc_async_read(v14, v15, 64);
-                const uint64_t v16 = ws_partials0.get_noc_addr(v11, 64);
-                const uint32_t v17 = v13 + 1024;
-                noc_async_read(v16, v17, 64);
+            const uint32_t v8 = D + 31;
+            const uint32_t v9 = v8 / 32;
+            const uint32_t v10 = p2 * v9;
+            const uint32_t v11 = v3 / 32;
+            const uint32_t v12 = v10 + v11;
+            const uint32_t v13 = col_chunk + 31;
+            const uint32_t v14 = v13 / 32;
+            const uint32_t v15 = (v14 > 1 ? v14 : 1);
+            cb_reserve_back(tt::CBIndex::c_1, v15);
+            const uint32_t v16 = get_write_ptr(tt::CBIndex::c_1);
+            for (uint32_t j17 = 0; j17 < v7; j17 += 1) {
+                const uint32_t v18 = v12 + j17;
+                const uint32_t v19 = j17 * 4096;
+                const uint32_t v20 = v16 + v19;
+                const uint64_t v21 = ws_partials0.get_noc_addr(v18, 0);
+                const uint32_t v22 = v20 + 0;
+                noc_async_read(v21, v22, 64);
+                const uint64_t v23 = ws_partials0.get_noc_addr(v18, 64);
+                const uint32_t v24 = v20 + 1024;
+                noc_async_read(v23, v24, 64);
             }
             noc_async_read_barrier();
-            cb_push_back(tt::CBIndex::c_1, 1);
+            cb_push_back(tt::CBIndex::c_1, v15);
         }
     }
 }

@@ -34,12 +34,12 @@ void kernel_main() {
     const uint32_t f8 = get_arg_val<uint32_t>(8);
     compute_kernel_hw_startup(tt::CBIndex::c_0, tt::CBIndex::c_0);
     cb_wait_front(tt::CBIndex::c_4, 1);
-    cb_wait_front(tt::CBIndex::c_5, 2);
     const uint32_t v1 = D + 31;
     const uint32_t v2 = v1 / 32;
-    cb_wait_front(tt::CBIndex::c_0, v2);
-    for (uint32_t g3 = core; g3 < groups; g3 += cores) {
-        for (uint32_t j4 = 0; j4 < v2; j4 += 1) {
+    const uint32_t v3 = (v2 > 1 ? v2 : 1);
+    cb_wait_front(tt::CBIndex::c_0, v3);
+    for (uint32_t g4 = core; g4 < groups; g4 += cores) {
+        for (uint32_t j5 = 0; j5 < v2; j5 += 1) {
             tile_regs_acquire();
             fill_tile_init();
             fill_tile_bitcast(0, f4);
@@ -51,12 +51,13 @@ void kernel_main() {
             cb_push_back(tt::CBIndex::c_1, 1);
             tile_regs_release();
         }
-        const uint32_t v5 = g3 * group;
-        const uint32_t v6 = v5 + group;
-        const uint32_t v7 = (v6 < tiles ? v6 : tiles);
-        for (uint32_t t8 = v5; t8 < v7; t8 += 1) {
-            cb_wait_front(tt::CBIndex::c_2, v2);
-            cb_wait_front(tt::CBIndex::c_3, v2);
+        const uint32_t v6 = g4 * group;
+        const uint32_t v7 = v6 + group;
+        const uint32_t v8 = (v7 < tiles ? v7 : tiles);
+        for (uint32_t t9 = v6; t9 < v8; t9 += 1) {
+            cb_wait_front(tt::CBIndex::c_2, v3);
+            cb_wait_front(tt::CBIndex::c_3, v3);
+            cb_wait_front(tt::CBIndex::c_5, 2);
             tile_regs_acquire();
             fill_tile_init();
             fill_tile_bitcast(0, 0);
@@ -67,26 +68,26 @@ void kernel_main() {
             pack_tile(0, tt::CBIndex::c_7);
             cb_push_back(tt::CBIndex::c_7, 1);
             tile_regs_release();
-            for (uint32_t c9 = 0; c9 < v2; c9 += 2) {
-                const uint32_t v10 = v2 - c9;
-                const uint32_t v11 = (v10 < 2 ? v10 : 2);
-                for (uint32_t j12 = 0; j12 < v11; j12 += 1) {
-                    const uint32_t v13 = c9 + j12;
-                    const uint32_t v14 = v13 + 1;
-                    const bool v15 = v14 == v2;
-                    const uint32_t v16 = (v15 ? 1 : 0);
+            for (uint32_t c10 = 0; c10 < v2; c10 += 2) {
+                const uint32_t v11 = v2 - c10;
+                const uint32_t v12 = (v11 < 2 ? v11 : 2);
+                for (uint32_t j13 = 0; j13 < v12; j13 += 1) {
+                    const uint32_t v14 = c10 + j13;
+                    const uint32_t v15 = v14 + 1;
+                    const bool v16 = v15 == v2;
+                    const uint32_t v17 = (v16 ? 1 : 0);
                     tile_regs_acquire();
                     reconfig_data_format_srca(tt::CBIndex::c_3);
                     copy_init(tt::CBIndex::c_3);
-                    copy_tile(tt::CBIndex::c_3, v13, 0);
+                    copy_tile(tt::CBIndex::c_3, v14, 0);
                     reconfig_data_format_srca(tt::CBIndex::c_3);
                     copy_init(tt::CBIndex::c_3);
-                    copy_tile(tt::CBIndex::c_3, v13, 1);
+                    copy_tile(tt::CBIndex::c_3, v14, 1);
                     mul_binary_tile_init();
                     mul_binary_tile(0, 1, 0);
                     reconfig_data_format_srca(tt::CBIndex::c_5);
                     copy_init(tt::CBIndex::c_5);
-                    copy_tile(tt::CBIndex::c_5, v16, 1);
+                    copy_tile(tt::CBIndex::c_5, v17, 1);
                     mask_tile_init();
                     mask_tile(0, 1);
                     copy_dest_values_init();
@@ -115,7 +116,7 @@ void kernel_main() {
                 tile_regs_acquire();
                 reconfig_data_format(tt::CBIndex::c_6, tt::CBIndex::c_4);
                 reduce_init<PoolType::SUM, ReduceDim::REDUCE_ROW>(tt::CBIndex::c_6, tt::CBIndex::c_4, tt::CBIndex::c_7);
-                for (uint32_t j17 = 0; j17 < v11; j17 += 1) {
+                for (uint32_t j18 = 0; j18 < v12; j18 += 1) {
                     cb_wait_front(tt::CBIndex::c_6, 3);
                     reduce_tile<PoolType::SUM, ReduceDim::REDUCE_ROW>(tt::CBIndex::c_6, tt::CBIndex::c_4, 0, 0, 0);
                     reduce_tile<PoolType::SUM, ReduceDim::REDUCE_ROW>(tt::CBIndex::c_6, tt::CBIndex::c_4, 1, 0, 0);
@@ -149,31 +150,31 @@ void kernel_main() {
             pack_tile(0, tt::CBIndex::c_9);
             cb_push_back(tt::CBIndex::c_9, 1);
             tile_regs_release();
-            for (uint32_t c18 = 0; c18 < v2; c18 += 2) {
-                const uint32_t v19 = v2 - c18;
-                const uint32_t v20 = (v19 < 2 ? v19 : 2);
-                for (uint32_t j21 = 0; j21 < v20; j21 += 1) {
-                    const uint32_t v22 = c18 + j21;
-                    const uint32_t v23 = v22 + 1;
-                    const bool v24 = v23 == v2;
-                    const uint32_t v25 = (v24 ? 1 : 0);
+            for (uint32_t c19 = 0; c19 < v2; c19 += 2) {
+                const uint32_t v20 = v2 - c19;
+                const uint32_t v21 = (v20 < 2 ? v20 : 2);
+                for (uint32_t j22 = 0; j22 < v21; j22 += 1) {
+                    const uint32_t v23 = c19 + j22;
+                    const uint32_t v24 = v23 + 1;
+                    const bool v25 = v24 == v2;
+                    const uint32_t v26 = (v25 ? 1 : 0);
                     tile_regs_acquire();
                     reconfig_data_format_srca(tt::CBIndex::c_2);
                     copy_init(tt::CBIndex::c_2);
-                    copy_tile(tt::CBIndex::c_2, v22, 0);
+                    copy_tile(tt::CBIndex::c_2, v23, 0);
                     reconfig_data_format_srca(tt::CBIndex::c_0);
                     unary_bcast_init<BroadcastType::ROW>(tt::CBIndex::c_0);
-                    unary_bcast<BroadcastType::ROW>(tt::CBIndex::c_0, v22, 1);
+                    unary_bcast<BroadcastType::ROW>(tt::CBIndex::c_0, v23, 1);
                     mul_binary_tile_init();
                     mul_binary_tile(0, 1, 0);
                     reconfig_data_format_srca(tt::CBIndex::c_3);
                     copy_init(tt::CBIndex::c_3);
-                    copy_tile(tt::CBIndex::c_3, v22, 1);
+                    copy_tile(tt::CBIndex::c_3, v23, 1);
                     mul_binary_tile_init();
                     mul_binary_tile(0, 1, 0);
                     reconfig_data_format_srca(tt::CBIndex::c_5);
                     copy_init(tt::CBIndex::c_5);
-                    copy_tile(tt::CBIndex::c_5, v25, 1);
+                    copy_tile(tt::CBIndex::c_5, v26, 1);
                     mask_tile_init();
                     mask_tile(0, 1);
                     copy_dest_values_init();
@@ -202,7 +203,7 @@ void kernel_main() {
                 tile_regs_acquire();
                 reconfig_data_format(tt::CBIndex::c_6, tt::CBIndex::c_4);
                 reduce_init<PoolType::SUM, ReduceDim::REDUCE_ROW>(tt::CBIndex::c_6, tt::CBIndex::c_4, tt::CBIndex::c_9);
-                for (uint32_t j26 = 0; j26 < v20; j26 += 1) {
+                for (uint32_t j27 = 0; j27 < v21; j27 += 1) {
                     cb_wait_front(tt::CBIndex::c_6, 3);
                     reduce_tile<PoolType::SUM, ReduceDim::REDUCE_ROW>(tt::CBIndex::c_6, tt::CBIndex::c_4, 0, 0, 0);
                     reduce_tile<PoolType::SUM, ReduceDim::REDUCE_ROW>(tt::CBIndex::c_6, tt::CBIndex::c_4, 1, 0, 0);
@@ -290,14 +291,14 @@ void kernel_main() {
             cb_push_back(tt::CBIndex::c_12, 1);
             tile_regs_release();
             cb_wait_front(tt::CBIndex::c_12, 1);
-            for (uint32_t j27 = 0; j27 < v2; j27 += 1) {
+            for (uint32_t j28 = 0; j28 < v2; j28 += 1) {
                 tile_regs_acquire();
                 reconfig_data_format_srca(tt::CBIndex::c_2);
                 copy_init(tt::CBIndex::c_2);
-                copy_tile(tt::CBIndex::c_2, j27, 0);
+                copy_tile(tt::CBIndex::c_2, j28, 0);
                 reconfig_data_format_srca(tt::CBIndex::c_0);
                 unary_bcast_init<BroadcastType::ROW>(tt::CBIndex::c_0);
-                unary_bcast<BroadcastType::ROW>(tt::CBIndex::c_0, j27, 1);
+                unary_bcast<BroadcastType::ROW>(tt::CBIndex::c_0, j28, 1);
                 mul_binary_tile_init();
                 mul_binary_tile(0, 1, 0);
                 reconfig_data_format_srca(tt::CBIndex::c_11);
@@ -307,7 +308,7 @@ void kernel_main() {
                 mul_binary_tile(0, 1, 0);
                 reconfig_data_format_srca(tt::CBIndex::c_3);
                 copy_init(tt::CBIndex::c_3);
-                copy_tile(tt::CBIndex::c_3, j27, 1);
+                copy_tile(tt::CBIndex::c_3, j28, 1);
                 reconfig_data_format_srca(tt::CBIndex::c_12);
                 unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_12);
                 unary_bcast<BroadcastType::COL>(tt::CBIndex::c_12, 0, 2);
@@ -323,14 +324,14 @@ void kernel_main() {
                 cb_push_back(tt::CBIndex::c_10, 1);
                 tile_regs_release();
             }
-            for (uint32_t j28 = 0; j28 < v2; j28 += 1) {
+            for (uint32_t j29 = 0; j29 < v2; j29 += 1) {
                 tile_regs_acquire();
                 reconfig_data_format_srca(tt::CBIndex::c_2);
                 copy_init(tt::CBIndex::c_2);
-                copy_tile(tt::CBIndex::c_2, j28, 0);
+                copy_tile(tt::CBIndex::c_2, j29, 0);
                 reconfig_data_format_srca(tt::CBIndex::c_3);
                 copy_init(tt::CBIndex::c_3);
-                copy_tile(tt::CBIndex::c_3, j28, 1);
+                copy_tile(tt::CBIndex::c_3, j29, 1);
                 mul_binary_tile_init();
                 mul_binary_tile(0, 1, 0);
                 reconfig_data_format_srca(tt::CBIndex::c_11);
@@ -393,26 +394,26 @@ void kernel_main() {
             cb_pop_front(tt::CBIndex::c_9, 1);
             cb_pop_front(tt::CBIndex::c_8, 1);
             cb_pop_front(tt::CBIndex::c_7, 1);
-            cb_pop_front(tt::CBIndex::c_3, v2);
-            cb_pop_front(tt::CBIndex::c_2, v2);
+            cb_pop_front(tt::CBIndex::c_5, 2);
+            cb_pop_front(tt::CBIndex::c_3, v3);
+            cb_pop_front(tt::CBIndex::c_2, v3);
         }
-        for (uint32_t j29 = 0; j29 < v2; j29 += 1) {
+        cb_wait_front(tt::CBIndex::c_1, v2);
+        for (uint32_t j30 = 0; j30 < v2; j30 += 1) {
             tile_regs_acquire();
-            cb_wait_front(tt::CBIndex::c_1, 1);
             reconfig_data_format_srca(tt::CBIndex::c_1);
             copy_init(tt::CBIndex::c_1);
-            copy_tile(tt::CBIndex::c_1, 0, 0);
+            copy_tile(tt::CBIndex::c_1, j30, 0);
             tile_regs_commit();
-            cb_pop_front(tt::CBIndex::c_1, 1);
             tile_regs_wait();
-            cb_reserve_back(tt::CBIndex::c_14, 1);
-            pack_reconfig_data_format(tt::CBIndex::c_14);
-            pack_tile(0, tt::CBIndex::c_14);
-            cb_push_back(tt::CBIndex::c_14, 1);
+            cb_reserve_back(tt::CBIndex::c_10, 1);
+            pack_reconfig_data_format(tt::CBIndex::c_10);
+            pack_tile(0, tt::CBIndex::c_10);
+            cb_push_back(tt::CBIndex::c_10, 1);
             tile_regs_release();
         }
+        cb_pop_front(tt::CBIndex::c_1, v2);
     }
-    cb_pop_front(tt::CBIndex::c_5, 2);
     cb_pop_front(tt::CBIndex::c_4, 1);
-    cb_pop_front(tt::CBIndex::c_0, v2);
+    cb_pop_front(tt::CBIndex::c_0, v3);
 }

@@ -44,9 +44,9 @@ void kernel_main() {
         const uint32_t v19 = 0 / 32;
         const uint32_t v20 = v18 + v19;
         for (uint32_t j21 = 0; j21 < v17; j21 += 1) {
-            cb_wait_front(tt::CBIndex::c_14, 1);
+            cb_wait_front(tt::CBIndex::c_10, 1);
             const uint32_t v22 = v20 + j21;
-            const uint32_t v23 = get_read_ptr(tt::CBIndex::c_14);
+            const uint32_t v23 = get_read_ptr(tt::CBIndex::c_10);
             const uint64_t v24 = ws_partials0.get_noc_addr(v22, 0);
             const uint32_t v25 = v23 + 0;
             noc_async_write(v25, v24, 64);
@@ -54,7 +54,7 @@ void kernel_main() {
             const uint32_t v27 = v23 + 1024;
             noc_async_write(v27, v26, 64);
             noc_async_writes_flushed();
-            cb_pop_front(tt::CBIndex::c_14, 1);
+            cb_pop_front(tt::CBIndex::c_10, 1);
         }
         noc_async_write_barrier();
     }

@@ -9,21 +9,26 @@ void kernel_main() {
     const uint32_t grad_w_addr = get_arg_val<uint32_t>(4);
     constexpr auto grad_w_args = TensorAccessorArgs<0>();
     const auto grad_w = TensorAccessor(grad_w_args, grad_w_addr, 128);
-    const uint32_t col_chunk = get_arg_val<uint32_t>(5);
+    const uint32_t D = get_arg_val<uint32_t>(5);
+    const uint32_t col_chunk = get_arg_val<uint32_t>(6);
     for (uint32_t c1 = core; c1 < col_chunks; c1 += cores) {
         const uint32_t v2 = c1 * col_chunk;
-        const uint32_t v3 = v2 / 32;
-        const uint32_t v4 = 0 + v3;
-        for (uint32_t j5 = 0; j5 < 1; j5 += 1) {
+        const uint32_t v3 = D - v2;
+        const uint32_t v4 = (v3 < col_chunk ? v3 : col_chunk);
+        const uint32_t v5 = v4 + 31;
+        const uint32_t v6 = v5 / 32;
+        const uint32_t v7 = v2 / 32;
+        const uint32_t v8 = 0 + v7;
+        for (uint32_t j9 = 0; j9 < v6; j9 += 1) {
             cb_wait_front(tt::CBIndex::c_2, 1);
-            const uint32_t v6 = v4 + j5;
-            const uint32_t v7 = get_read_ptr(tt::CBIndex::c_2);
-            const uint64_t v8 = grad_w.get_noc_addr(v6, 0);
-            const uint32_t v9 = v7 + 0;
-            noc_async_write(v9, v8, 64);
-            const uint64_t v10 = grad_w.get_noc_addr(v6, 64);
-            const uint32_t v11 = v7 + 1024;
-            noc_async_write(v11, v10, 64);
+            const uint32_t v10 = v8 + j9;
+            const uint32_t v11 = get_read_ptr(tt::CBIndex::c_2);
+            const uint64_t v12 = grad_w.get_noc_addr(v10, 0);
+            const uint32_t v13 = v11 + 0;
+            noc_async_write(v13, v12, 64);
+            const uint64_t v14 = grad_w.get_noc_addr(v10, 64);
+            const uint32_t v15 = v11 + 1024;
+            noc_async_write(v15, v14, 64);
             noc_async_writes_flushed();
             cb_pop_front(tt::CBIndex::c_2, 1);
         }
