@@ -205,8 +205,8 @@ class HostPrinter(Scalars):
         for ln in launches:
             self.launch(ln)
         self.line("return 0;")
-        sig = f"static int {self.fn}(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,\n    " + \
-              ",\n    ".join([*self.params(), "bool quiet"]) + ")"
+        head = f"static int {self.fn}(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,"
+        sig = head + "\n    " + ",\n    ".join([*self.params(), "bool quiet"]) + ")"
         return "\n".join([f"/* {self.p.sym_name.data}: {len(launches)} launch(es) on the mesh command queue; 2 (quiet) "
                           "or 1 (a message) when it cannot run. */",
                           sig + " {", "    auto& cq = mesh.mesh_command_queue();", *self.lines, "}", ""])
@@ -229,7 +229,8 @@ class HostPrinter(Scalars):
             self.line(f"if ({self.name(op.cond)}) return 0;  // every output is empty")
         elif isinstance(op, k.CheckOp):
             msg = op.message.data.replace('"', '\\"')
-            self.line(f'if (!({self.name(op.cond)})) return quiet ? 2 : opgen_tt_error("{self.p.sym_name.data}: {msg}");')
+            err = f'opgen_tt_error("{self.p.sym_name.data}: {msg}")'
+            self.line(f"if (!({self.name(op.cond)})) return quiet ? 2 : {err};")
         elif isinstance(op, k.WorkspaceOp):
             self.line(f"auto {op.sym.data} = distributed::MeshBuffer::create(")
             self.line(f"    distributed::ReplicatedBufferConfig{{.size = (uint64_t){self.name(op.bytes)}}},")

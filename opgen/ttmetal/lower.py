@@ -492,7 +492,7 @@ class Lowering:
     # -- scopes (compute pops the CBs of a loop iteration at its end)
     def close_scope(self) -> None:
         self.masks.pop()
-        for cb, n in reversed(self.scopes[-1]):
+        for cb, _ in reversed(self.scopes[-1]):
             self.release(cb)
         for cb, n in reversed(self.scopes.pop()):
             self.c.call("cb_pop_front", f"tt::CBIndex::c_{cb}", "1" if n is None else n)
