@@ -176,15 +176,36 @@ def test_ops_the_backend_cannot_lower_say_what(op):
 
 
 # ------------------------------------------------------------- ops written only in the DSL
+#: an expression five DST tiles deep (more than the 4 of f32 accumulation): parts of it are spilled
+DEEP_OP = '''
+from opgen.dsl import *
+
+N, D = dims("N D")
+T = dtype_var("T", bf16, f32)
+
+
+@op
+def deep_mix(x: Tensor[T, Batch(N), D], y: Tensor[T, Batch(N), D], *, out: Output[T, Batch(N), D],
+             colsum: Output[T, D]):
+    """A balanced expression five DST tiles deep, and its column sums."""
+    a = (x * y + x * x) * (y * y - x * y)
+    b = (x - y) * (x + y) * ((x * x - y) * (y * y - x))
+    e = a + b * (x * y - (y - x) * (x + y * y))
+    return {"out": e, "colsum": sum(e, axis=0)}
+'''
+NEW = ("silu_backward", "softmax_backward", "layer_norm_backward", "deep_mix")
+
+
 @pytest.fixture(scope="module")
 def new_ops(tmp_path_factory) -> dict[str, Any]:
-    """silu_backward, softmax_backward and layer_norm_backward (tests/test_ascendc.py's DSL file),
-    loaded from their own ops directory: nothing of them is in the compiler."""
+    """silu_backward, softmax_backward and layer_norm_backward (tests/test_ascendc.py's DSL file)
+    and deep_mix, loaded from their own ops directory: nothing of them is in the compiler."""
     from tests.test_ascendc import NEW_OPS
 
     d = tmp_path_factory.mktemp("tt-ops") / "opgen_test_tt_ops"
     d.mkdir()
     (d / "newops.py").write_text(NEW_OPS)
+    (d / "deep.py").write_text(DEEP_OP)
     ops = registry.load_all(str(d))
     for o in ops.values():
         runner.register(o)
@@ -198,11 +219,14 @@ def _new_args(rng, op: str, T: str, shape: tuple[int, ...]) -> dict[str, Any]:
     if op == "layer_norm_backward":
         return {"grad_y": floats(rng, shape, T), "x": floats(rng, shape, T), "w": floats(rng, D, T), "eps": 1e-5,
                 "grad_x": filled(shape, T), "grad_w": filled(D, T), "grad_b": filled(D, T)}
+    if op == "deep_mix":
+        return {"x": floats(rng, shape, T), "y": floats(rng, shape, T), "out": filled(shape, T),
+                "colsum": filled(D, T)}
     second = "x" if op == "silu_backward" else "y"
     return {"grad": floats(rng, shape, T), second: floats(rng, shape, T), "dx": filled(shape, T)}
 
 
-@pytest.mark.parametrize("op", ["silu_backward", "softmax_backward", "layer_norm_backward"])
+@pytest.mark.parametrize("op", NEW)
 def test_new_dsl_ops_on_the_model(new_ops, op, tmp_path):
     """New ops get TT-Metal programs: each passes the real-header check's twin in
     test_new_dsl_ops_pass_the_real_header_check and runs on the model against the oracle,
@@ -232,4 +256,4 @@ def test_new_dsl_ops_on_the_model(new_ops, op, tmp_path):
 
 @pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
 def test_new_dsl_ops_pass_the_real_header_check(new_ops):
-    _check_kernels([k for op in ("silu_backward", "softmax_backward", "layer_norm_backward") for k in _kernels(op)])
+    _check_kernels([k for op in NEW for k in _kernels(op)])

@@ -122,6 +122,9 @@ class Node:
         return next((k.tiles() for k in self.kids if k.op != "bcast_col" and k.tiles() is not None), None)
 
     def need(self) -> int:
+        """DST tiles evaluating it takes (a column sum's operand is stored before its section)."""
+        if self.op == "colsum":
+            return 1
         if self.op == "binary" and not any(c.op == "scalar" for c in self.kids):
             a, b = (c.need() for c in self.kids)
             return max(a, b) if a != b else a + 1
@@ -253,6 +256,19 @@ def _prune(block: Block) -> None:
                 o.detach()
                 o.erase()
                 changed = True
+
+
+def _replace(node: Node, old: Node, new: Node) -> Node:
+    """A copy of the tree ``node`` with the subtree ``old`` replaced by ``new``."""
+    if node is old:
+        return new
+    if not node.kids:
+        return node
+    kids = [_replace(k, old, new) for k in node.kids]
+    if all(a is b for a, b in zip(kids, node.kids, strict=True)):
+        return node
+    return Node(node.op, kids, cb=node.cb, mode=node.mode, fn=node.fn, scalar=node.scalar, count=node.count,
+                n=node.n, mask=node.mask)
 
 
 def _pure(o: Operation) -> bool:
@@ -887,9 +903,7 @@ class Lowering:
         c = self.c
         pre: list[tuple[Node, int]] = []
         self.colsum_operands(node, j, pre)
-        need = max(node.need(), SPLIT if split else 2 if mask else 1)
-        if need > DST_SLOTS:
-            raise TtUnsupported(self.name, f"an expression needing {need} DST tiles (spilling is not lowered yet)")
+        node, spills = self.spill(node, j)
         pops: list[tuple[int, int]] = []
         c.call("tile_regs_acquire")
         self.eval(node, 0, j, pops)
@@ -906,6 +920,27 @@ class Lowering:
         for p, n in pops:
             c.call("cb_pop_front", f"tt::CBIndex::c_{p}", str(n))
         self.pack(cb, (1, 2, 0) if split else (0,))
+        for sp in spills:
+            self.release(sp)
+
+    def spill(self, node: Node, j: SSAValue) -> tuple[Node, list[int]]:
+        """``node`` within the DST slots: while it needs more than DST_SLOTS tiles, the subtree of
+        its deepest operand chain that fits is computed first, in its own section, into a one-page
+        CB, and read back as a leaf (a rewritten copy of the tree; shared nodes are untouched).
+        Returns the tree and the spill CBs (free after the section)."""
+        spills: list[int] = []
+        while node.need() > DST_SLOTS:
+            path = [node]
+            while path[-1].need() > DST_SLOTS - 1:  # descend to a subtree with room to spare
+                path.append(max((k for k in path[-1].kids if k.op != "scalar"), key=Node.need))
+            sub = path[-1]
+            cb = self.cb("Float32", 1, "spilled DST tile")
+            self.copied.add(cb)
+            self.section(sub, cb, j)
+            leaf = Node("leaf", cb=cb, mode="front", n=sub.tiles())
+            spills.append(cb)
+            node = _replace(node, sub, leaf)
+        return node, spills
 
     def split_hi_lo(self) -> None:
         """DST slot 0 = x -> three tiles whose sum is x exactly, each exact in the FPU's source
