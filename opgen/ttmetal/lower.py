@@ -468,6 +468,7 @@ class Lowering:
         self.cbs: list[k.CbOp] = []
         self.cb_keys: list[tuple[str, str, str]] = []
         self.free: dict[tuple[str, str, str], list[int]] = {}
+        self.dbuf: set[int] = set()  # CBs the reader fills from DRAM
         dist = [o for o in ops if isinstance(o, t.ForOp) and isinstance(o.lo.owner, t.BlockIdxOp)]
         if len(dist) != 1:
             raise TtUnsupported(self.name, "a launch without exactly one loop over the cores")
@@ -486,17 +487,7 @@ class Lowering:
         for op in ops:
             self.lower_op(op)
         self.close_scope()
-        need = None
-        for cb in self.cbs:
-            if cb.index.data in self.copied and cb.format.data == "Float32":
-                cb.attributes["unpack_to_dest_fp32"] = UnitAttr()
-            launch.body.block.add_op(cb)
-            nb = self.host_op(ir.MulOp(cb.pages, self.hconst(cb.page.data)))
-            need = nb if need is None else self.host_op(ir.AddOp(need, nb))
-        if need is not None:
-            ok = self.host_op(ir.CmpOp("le", need, self.hconst(L1_BUDGET)))
-            self.host_op(k.CheckOp(ok, f"the CBs of launch {index} need more than {L1_BUDGET} B of L1 per core "
-                                       "(rows too long for the resident schedule: the streamed one takes over)"))
+        self.plan_l1(launch, index)
         for b in self.b:
             body = b.finish()
             names = sorted(b.rt, key=lambda n: b.rt[n][0])
@@ -504,6 +495,31 @@ class Lowering:
                 b.role, f"{b.role}_{index}.cpp", names, [b.rt[n][1] for n in names], b.accessors,
                 b.role == "compute", body))
         return launch
+
+    def plan_l1(self, launch: k.LaunchOp, index: int) -> None:
+        """Host: the CBs' L1 must fit the budget (else the launch cannot run); the CBs the reader
+        fills from DRAM get twice their pages (double buffering: the reader fetches the next
+        block while compute works on this one) when that still fits."""
+        zero = self.hconst(0)
+        need, extra = zero, zero
+        for cb in self.cbs:
+            nb = self.host_op(ir.MulOp(cb.pages, self.hconst(cb.page.data)))
+            need = self.host_op(ir.AddOp(need, nb))
+            if cb.index.data in self.dbuf:
+                extra = self.host_op(ir.AddOp(extra, nb))
+        budget = self.hconst(L1_BUDGET)
+        ok = self.host_op(ir.CmpOp("le", need, budget))
+        self.host_op(k.CheckOp(ok, f"the CBs of launch {index} need more than {L1_BUDGET} B of L1 per core "
+                                   "(rows too long for the resident schedule: the streamed one takes over)"))
+        fits2 = self.host_op(ir.CmpOp("le", self.host_op(ir.AddOp(need, extra)), budget))
+        depth = self.host_op(ir.SelectOp(fits2, self.hconst(2), self.hconst(1)))
+        for cb in self.cbs:
+            if cb.index.data in self.copied and cb.format.data == "Float32":
+                cb.attributes["unpack_to_dest_fp32"] = UnitAttr()
+            if cb.index.data in self.dbuf:
+                cb.operands[0] = self.host_op(ir.MulOp(cb.pages, depth))
+                cb.what = StringAttr(cb.what.data + "; double-buffered when L1 allows")
+            launch.body.block.add_op(cb)
 
     # -- scopes (compute pops the CBs of a loop iteration at its end)
     def close_scope(self) -> None:
@@ -671,6 +687,8 @@ class Lowering:
         fmt = self.gm_format(gm)
         name = self.gm_name(gm)
         cb = self.cb(fmt, ir.tensor_type(v).shape[1], f"{name} ({kd})", "in")
+        if len(self.scopes) > 1:  # read per loop iteration (not once per core)
+            self.dbuf.add(cb)
         r = self.r
         acc = r.accessor(gm, name)
         tiles = self.ncols_tiles(op.ncols)

@@ -86,63 +86,73 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
         distributed::DeviceLocalBufferConfig{.page_size = 128, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v37 = (int64_t)ws_partials0->address();
     const int64_t v38 = v20 * 4096;
-    const int64_t v39 = v38 + v38;
+    const int64_t v39 = 0 + v38;
     const int64_t v40 = v39 + v38;
     const int64_t v41 = v40 + v38;
-    const int64_t v42 = v25 * 2048;
-    const int64_t v43 = v41 + v42;
-    const int64_t v44 = v26 * 2048;
-    const int64_t v45 = v43 + v44;
-    const int64_t v46 = v27 * 4096;
-    const int64_t v47 = v45 + v46;
-    const int64_t v48 = v25 * 4096;
-    const int64_t v49 = v47 + v48;
-    const int64_t v50 = v49 + v42;
-    const int64_t v51 = v50 + v48;
-    const int64_t v52 = v26 * 4096;
-    const int64_t v53 = v51 + v52;
-    const int64_t v54 = v53 + v48;
-    const int64_t v55 = v54 + v48;
-    const int64_t v56 = v33 * 4096;
-    const int64_t v57 = v55 + v56;
-    const bool v58 = v57 <= 1400000;
-    if (!(v58)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
-    const int64_t v59 = (int64_t)D;
-    const int64_t v60 = v59 + 32;
-    const int64_t v61 = v60 - 1;
-    const int64_t v62 = v61 / 32;
-    const int64_t v63 = std::min<int64_t>((int64_t)(grid.x * grid.y), v62 > 1 ? v62 : 1);
-    const int64_t v64 = 32 + 31;
-    const int64_t v65 = v64 / 32;
-    const int64_t v66 = (v65 > 1 ? v65 : 1);
-    const int64_t v67 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v68 = (int64_t)N;
-    const int64_t v69 = v68 + 32;
-    const int64_t v70 = v69 - 1;
-    const int64_t v71 = v70 / 32;
-    const int64_t v72 = v71 + 64;
-    const int64_t v73 = v72 - 1;
-    const int64_t v74 = v73 / 64;
-    const int64_t v75 = (v74 > 1 ? v74 : 1);
-    const int64_t v76 = v71 + v75;
-    const int64_t v77 = v76 - 1;
-    const int64_t v78 = v77 / v75;
-    const int64_t v79 = (int64_t)ws_partials0->address();
-    const int64_t v80 = (2 > 1 ? 2 : 1);
-    const int64_t v81 = (int64_t)grad_w->address();
-    const int64_t v82 = v66 * 4096;
-    const int64_t v83 = v82 + v82;
-    const int64_t v84 = v80 * 4096;
-    const int64_t v85 = v83 + v84;
-    const bool v86 = v85 <= 1400000;
-    if (!(v86)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v42 = v41 + v38;
+    const int64_t v43 = v25 * 2048;
+    const int64_t v44 = v42 + v43;
+    const int64_t v45 = v26 * 2048;
+    const int64_t v46 = v44 + v45;
+    const int64_t v47 = v27 * 4096;
+    const int64_t v48 = v46 + v47;
+    const int64_t v49 = v25 * 4096;
+    const int64_t v50 = v48 + v49;
+    const int64_t v51 = v50 + v43;
+    const int64_t v52 = v51 + v49;
+    const int64_t v53 = v26 * 4096;
+    const int64_t v54 = v52 + v53;
+    const int64_t v55 = v54 + v49;
+    const int64_t v56 = v55 + v49;
+    const int64_t v57 = v33 * 4096;
+    const int64_t v58 = v56 + v57;
+    const bool v59 = v58 <= 1400000;
+    if (!(v59)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v60 = v58 + v40;
+    const bool v61 = v60 <= 1400000;
+    const int64_t v62 = (v61 ? 2 : 1);
+    const int64_t v63 = v20 * v62;
+    const int64_t v64 = (int64_t)D;
+    const int64_t v65 = v64 + 32;
+    const int64_t v66 = v65 - 1;
+    const int64_t v67 = v66 / 32;
+    const int64_t v68 = std::min<int64_t>((int64_t)(grid.x * grid.y), v67 > 1 ? v67 : 1);
+    const int64_t v69 = 32 + 31;
+    const int64_t v70 = v69 / 32;
+    const int64_t v71 = (v70 > 1 ? v70 : 1);
+    const int64_t v72 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v73 = (int64_t)N;
+    const int64_t v74 = v73 + 32;
+    const int64_t v75 = v74 - 1;
+    const int64_t v76 = v75 / 32;
+    const int64_t v77 = v76 + 64;
+    const int64_t v78 = v77 - 1;
+    const int64_t v79 = v78 / 64;
+    const int64_t v80 = (v79 > 1 ? v79 : 1);
+    const int64_t v81 = v76 + v80;
+    const int64_t v82 = v81 - 1;
+    const int64_t v83 = v82 / v80;
+    const int64_t v84 = (int64_t)ws_partials0->address();
+    const int64_t v85 = (2 > 1 ? 2 : 1);
+    const int64_t v86 = (int64_t)grad_w->address();
+    const int64_t v87 = v71 * 4096;
+    const int64_t v88 = 0 + v87;
+    const int64_t v89 = v88 + v87;
+    const int64_t v90 = v85 * 4096;
+    const int64_t v91 = v89 + v90;
+    const bool v92 = v91 <= 1400000;
+    if (!(v92)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v93 = v91 + v88;
+    const bool v94 = v93 <= 1400000;
+    const int64_t v95 = (v94 ? 2 : 1);
+    const int64_t v96 = v71 * v95;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v17);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // w (row)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // loop-carried row (sums)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // grad_y (full)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // x (full)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v63) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // grad_y (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v63) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // x (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v25) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // reduce scaler (1.0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // column masks (all ones, last tile)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v27) * 4096, {{6, tt::DataFormat::Float32}}).set_page_size(6, 4096));  // row-sum operand (hi, mid, lo)
@@ -175,10 +185,10 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v17; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v87 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v21, (uint32_t)v1, (uint32_t)v87, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v23, (uint32_t)32, (uint32_t)v24, (uint32_t)v3});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v87, (uint32_t)v16, (uint32_t)v17, (uint32_t)v22, (uint32_t)v13, (uint32_t)v9, (uint32_t)v29, (uint32_t)v31});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v87, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v32, (uint32_t)v1, (uint32_t)32, (uint32_t)v37});
+            const int64_t v97 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v21, (uint32_t)v1, (uint32_t)v97, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v23, (uint32_t)32, (uint32_t)v24, (uint32_t)v3});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v97, (uint32_t)v16, (uint32_t)v17, (uint32_t)v22, (uint32_t)v13, (uint32_t)v9, (uint32_t)v29, (uint32_t)v31});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v97, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v32, (uint32_t)v1, (uint32_t)32, (uint32_t)v37});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -186,10 +196,10 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v63);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v80) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // grad_w (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v68);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v71) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v96) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v85) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // grad_w (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_partials0).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
@@ -201,12 +211,12 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*grad_w).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v63; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v68; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v88 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v88, (uint32_t)v62, (uint32_t)v63, (uint32_t)v78, (uint32_t)v79, (uint32_t)v59, (uint32_t)32});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v88, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v78, (uint32_t)32, (uint32_t)v59});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v88, (uint32_t)v62, (uint32_t)v63, (uint32_t)v78, (uint32_t)v81, (uint32_t)v59, (uint32_t)32});
+            const int64_t v98 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v98, (uint32_t)v67, (uint32_t)v68, (uint32_t)v83, (uint32_t)v84, (uint32_t)v64, (uint32_t)32});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v98, (uint32_t)v67, (uint32_t)v68, (uint32_t)v72, (uint32_t)v83, (uint32_t)32, (uint32_t)v64});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v98, (uint32_t)v67, (uint32_t)v68, (uint32_t)v83, (uint32_t)v86, (uint32_t)v64, (uint32_t)32});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -273,60 +283,73 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
     const int64_t v40 = (int64_t)ws_partials0->address();
     const int64_t v41 = (int64_t)grad_x->address();
     const int64_t v42 = v11 * 4096;
-    const int64_t v43 = v42 + v42;
-    const int64_t v44 = v24 * 4096;
-    const int64_t v45 = v43 + v44;
-    const int64_t v46 = v11 * 2048;
-    const int64_t v47 = v45 + v46;
-    const int64_t v48 = v26 * 2048;
-    const int64_t v49 = v47 + v48;
-    const int64_t v50 = v27 * 4096;
+    const int64_t v43 = 0 + v42;
+    const int64_t v44 = v43 + v42;
+    const int64_t v45 = v24 * 4096;
+    const int64_t v46 = v44 + v45;
+    const int64_t v47 = 0 + v45;
+    const int64_t v48 = v11 * 2048;
+    const int64_t v49 = v46 + v48;
+    const int64_t v50 = v26 * 2048;
     const int64_t v51 = v49 + v50;
-    const int64_t v52 = v51 + v42;
-    const int64_t v53 = v52 + v44;
-    const int64_t v54 = v53 + v44;
-    const int64_t v55 = v54 + v42;
-    const int64_t v56 = v55 + v46;
-    const int64_t v57 = v26 * 4096;
-    const int64_t v58 = v56 + v57;
-    const int64_t v59 = v39 * 4096;
-    const int64_t v60 = v58 + v59;
-    const bool v61 = v60 <= 1400000;
-    if (!(v61)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32.streamed: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
-    const int64_t v62 = (int64_t)D;
-    const int64_t v63 = v62 + 32;
-    const int64_t v64 = v63 - 1;
-    const int64_t v65 = v64 / 32;
-    const int64_t v66 = std::min<int64_t>((int64_t)(grid.x * grid.y), v65 > 1 ? v65 : 1);
-    const int64_t v67 = 32 + 31;
-    const int64_t v68 = v67 / 32;
-    const int64_t v69 = (v68 > 1 ? v68 : 1);
-    const int64_t v70 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v71 = (int64_t)N;
-    const int64_t v72 = v71 + 32;
-    const int64_t v73 = v72 - 1;
-    const int64_t v74 = v73 / 32;
-    const int64_t v75 = (int64_t)ws_partials0->address();
-    const int64_t v76 = (2 > 1 ? 2 : 1);
-    const int64_t v77 = (int64_t)grad_w->address();
-    const int64_t v78 = v69 * 4096;
-    const int64_t v79 = v78 + v78;
-    const int64_t v80 = v76 * 4096;
-    const int64_t v81 = v79 + v80;
-    const bool v82 = v81 <= 1400000;
-    if (!(v82)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32.streamed: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v52 = v27 * 4096;
+    const int64_t v53 = v51 + v52;
+    const int64_t v54 = v53 + v42;
+    const int64_t v55 = v54 + v45;
+    const int64_t v56 = v47 + v45;
+    const int64_t v57 = v55 + v45;
+    const int64_t v58 = v56 + v45;
+    const int64_t v59 = v57 + v42;
+    const int64_t v60 = v59 + v48;
+    const int64_t v61 = v26 * 4096;
+    const int64_t v62 = v60 + v61;
+    const int64_t v63 = v39 * 4096;
+    const int64_t v64 = v62 + v63;
+    const bool v65 = v64 <= 1400000;
+    if (!(v65)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32.streamed: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v66 = v64 + v58;
+    const bool v67 = v66 <= 1400000;
+    const int64_t v68 = (v67 ? 2 : 1);
+    const int64_t v69 = v24 * v68;
+    const int64_t v70 = (int64_t)D;
+    const int64_t v71 = v70 + 32;
+    const int64_t v72 = v71 - 1;
+    const int64_t v73 = v72 / 32;
+    const int64_t v74 = std::min<int64_t>((int64_t)(grid.x * grid.y), v73 > 1 ? v73 : 1);
+    const int64_t v75 = 32 + 31;
+    const int64_t v76 = v75 / 32;
+    const int64_t v77 = (v76 > 1 ? v76 : 1);
+    const int64_t v78 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v79 = (int64_t)N;
+    const int64_t v80 = v79 + 32;
+    const int64_t v81 = v80 - 1;
+    const int64_t v82 = v81 / 32;
+    const int64_t v83 = (int64_t)ws_partials0->address();
+    const int64_t v84 = (2 > 1 ? 2 : 1);
+    const int64_t v85 = (int64_t)grad_w->address();
+    const int64_t v86 = v77 * 4096;
+    const int64_t v87 = 0 + v86;
+    const int64_t v88 = v87 + v86;
+    const int64_t v89 = v84 * 4096;
+    const int64_t v90 = v88 + v89;
+    const bool v91 = v90 <= 1400000;
+    if (!(v91)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32.streamed: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v92 = v90 + v87;
+    const bool v93 = v92 <= 1400000;
+    const int64_t v94 = (v93 ? 2 : 1);
+    const int64_t v95 = v77 * v94;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v10);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried col (sums)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // loop-carried col (sums)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // x (full); grad_y (full)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // x (full); grad_y (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // reduce scaler (1.0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // column masks (all ones, last tile)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v27) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // row-sum operand (hi, mid, lo)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{6, tt::DataFormat::Float32}}).set_page_size(6, 4096));  // row sums (column 0); per-row values
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // grad_y (full); x (full)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // w (row); w (row)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // grad_y (full); x (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // w (row); w (row); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // row sums (column 0); per-row values
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // row mask (valid rows of the block)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_partials0 (out); grad_x (out)
@@ -352,10 +375,10 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.streamed/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v10; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v83 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v83, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v25, (uint32_t)v1, (uint32_t)v18, (uint32_t)32, (uint32_t)v28, (uint32_t)v29, (uint32_t)v3});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v83, (uint32_t)v9, (uint32_t)v10, (uint32_t)v12, (uint32_t)v12, (uint32_t)v21, (uint32_t)v18, (uint32_t)v1, (uint32_t)v36, (uint32_t)v38});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v83, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v40, (uint32_t)v1, (uint32_t)v18, (uint32_t)v41, (uint32_t)32});
+            const int64_t v96 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v96, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v25, (uint32_t)v1, (uint32_t)v18, (uint32_t)32, (uint32_t)v28, (uint32_t)v29, (uint32_t)v3});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v96, (uint32_t)v9, (uint32_t)v10, (uint32_t)v12, (uint32_t)v12, (uint32_t)v21, (uint32_t)v18, (uint32_t)v1, (uint32_t)v36, (uint32_t)v38});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v96, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v40, (uint32_t)v1, (uint32_t)v18, (uint32_t)v41, (uint32_t)32});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -363,10 +386,10 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v66);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v76) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // grad_w (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v74);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v77) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v95) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v84) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // grad_w (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_partials0).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.streamed/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
@@ -378,12 +401,12 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*grad_w).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.streamed/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v66; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v74; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v84 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v84, (uint32_t)v65, (uint32_t)v66, (uint32_t)v74, (uint32_t)v75, (uint32_t)v62, (uint32_t)32});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v84, (uint32_t)v65, (uint32_t)v66, (uint32_t)v70, (uint32_t)v74, (uint32_t)32, (uint32_t)v62});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v84, (uint32_t)v65, (uint32_t)v66, (uint32_t)v74, (uint32_t)v77, (uint32_t)v62, (uint32_t)32});
+            const int64_t v97 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v97, (uint32_t)v73, (uint32_t)v74, (uint32_t)v82, (uint32_t)v83, (uint32_t)v70, (uint32_t)32});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v97, (uint32_t)v73, (uint32_t)v74, (uint32_t)v78, (uint32_t)v82, (uint32_t)32, (uint32_t)v70});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v97, (uint32_t)v73, (uint32_t)v74, (uint32_t)v82, (uint32_t)v85, (uint32_t)v70, (uint32_t)32});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -460,65 +483,76 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
         distributed::DeviceLocalBufferConfig{.page_size = 128, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v37 = (int64_t)ws_partials0->address();
     const int64_t v38 = v20 * 2048;
-    const int64_t v39 = v20 * 4096;
-    const int64_t v40 = v38 + v39;
-    const int64_t v41 = v40 + v38;
+    const int64_t v39 = 0 + v38;
+    const int64_t v40 = v20 * 4096;
+    const int64_t v41 = v39 + v40;
     const int64_t v42 = v41 + v38;
-    const int64_t v43 = v25 * 2048;
-    const int64_t v44 = v42 + v43;
-    const int64_t v45 = v26 * 2048;
-    const int64_t v46 = v44 + v45;
-    const int64_t v47 = v27 * 4096;
+    const int64_t v43 = v42 + v38;
+    const int64_t v44 = v39 + v38;
+    const int64_t v45 = v25 * 2048;
+    const int64_t v46 = v43 + v45;
+    const int64_t v47 = v26 * 2048;
     const int64_t v48 = v46 + v47;
-    const int64_t v49 = v25 * 4096;
+    const int64_t v49 = v27 * 4096;
     const int64_t v50 = v48 + v49;
-    const int64_t v51 = v50 + v43;
-    const int64_t v52 = v51 + v49;
+    const int64_t v51 = v25 * 4096;
+    const int64_t v52 = v50 + v51;
     const int64_t v53 = v52 + v45;
-    const int64_t v54 = v53 + v49;
-    const int64_t v55 = v54 + v49;
-    const int64_t v56 = v33 * 4096;
-    const int64_t v57 = v55 + v56;
-    const int64_t v58 = v26 * 4096;
+    const int64_t v54 = v53 + v51;
+    const int64_t v55 = v54 + v47;
+    const int64_t v56 = v55 + v51;
+    const int64_t v57 = v56 + v51;
+    const int64_t v58 = v33 * 4096;
     const int64_t v59 = v57 + v58;
-    const bool v60 = v59 <= 1400000;
-    if (!(v60)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
-    const int64_t v61 = (int64_t)D;
-    const int64_t v62 = v61 + 32;
-    const int64_t v63 = v62 - 1;
-    const int64_t v64 = v63 / 32;
-    const int64_t v65 = std::min<int64_t>((int64_t)(grid.x * grid.y), v64 > 1 ? v64 : 1);
-    const int64_t v66 = 32 + 31;
-    const int64_t v67 = v66 / 32;
-    const int64_t v68 = (v67 > 1 ? v67 : 1);
-    const int64_t v69 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v70 = (int64_t)N;
-    const int64_t v71 = v70 + 32;
-    const int64_t v72 = v71 - 1;
+    const int64_t v60 = v26 * 4096;
+    const int64_t v61 = v59 + v60;
+    const bool v62 = v61 <= 1400000;
+    if (!(v62)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v63 = v61 + v44;
+    const bool v64 = v63 <= 1400000;
+    const int64_t v65 = (v64 ? 2 : 1);
+    const int64_t v66 = v20 * v65;
+    const int64_t v67 = (int64_t)D;
+    const int64_t v68 = v67 + 32;
+    const int64_t v69 = v68 - 1;
+    const int64_t v70 = v69 / 32;
+    const int64_t v71 = std::min<int64_t>((int64_t)(grid.x * grid.y), v70 > 1 ? v70 : 1);
+    const int64_t v72 = 32 + 31;
     const int64_t v73 = v72 / 32;
-    const int64_t v74 = v73 + 64;
-    const int64_t v75 = v74 - 1;
-    const int64_t v76 = v75 / 64;
-    const int64_t v77 = (v76 > 1 ? v76 : 1);
-    const int64_t v78 = v73 + v77;
-    const int64_t v79 = v78 - 1;
-    const int64_t v80 = v79 / v77;
-    const int64_t v81 = (int64_t)ws_partials0->address();
-    const int64_t v82 = (2 > 1 ? 2 : 1);
-    const int64_t v83 = (int64_t)grad_w->address();
-    const int64_t v84 = v68 * 4096;
-    const int64_t v85 = v84 + v84;
-    const int64_t v86 = v82 * 2048;
-    const int64_t v87 = v85 + v86;
-    const bool v88 = v87 <= 1400000;
-    if (!(v88)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v74 = (v73 > 1 ? v73 : 1);
+    const int64_t v75 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v76 = (int64_t)N;
+    const int64_t v77 = v76 + 32;
+    const int64_t v78 = v77 - 1;
+    const int64_t v79 = v78 / 32;
+    const int64_t v80 = v79 + 64;
+    const int64_t v81 = v80 - 1;
+    const int64_t v82 = v81 / 64;
+    const int64_t v83 = (v82 > 1 ? v82 : 1);
+    const int64_t v84 = v79 + v83;
+    const int64_t v85 = v84 - 1;
+    const int64_t v86 = v85 / v83;
+    const int64_t v87 = (int64_t)ws_partials0->address();
+    const int64_t v88 = (2 > 1 ? 2 : 1);
+    const int64_t v89 = (int64_t)grad_w->address();
+    const int64_t v90 = v74 * 4096;
+    const int64_t v91 = 0 + v90;
+    const int64_t v92 = v91 + v90;
+    const int64_t v93 = v88 * 2048;
+    const int64_t v94 = v92 + v93;
+    const bool v95 = v94 <= 1400000;
+    if (!(v95)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v96 = v94 + v91;
+    const bool v97 = v96 <= 1400000;
+    const int64_t v98 = (v97 ? 2 : 1);
+    const int64_t v99 = v74 * v98;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v17);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 2048, {{0, tt::DataFormat::Float16_b}}).set_page_size(0, 2048));  // w (row)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // loop-carried row (sums)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // grad_y (full)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // x (full)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // grad_y (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // x (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v25) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // reduce scaler (1.0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // column masks (all ones, last tile)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v27) * 4096, {{6, tt::DataFormat::Float32}}).set_page_size(6, 4096));  // row-sum operand (hi, mid, lo)
@@ -549,10 +583,10 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v17; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v89 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v21, (uint32_t)v1, (uint32_t)v89, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v23, (uint32_t)32, (uint32_t)v24, (uint32_t)v3});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v89, (uint32_t)v16, (uint32_t)v17, (uint32_t)v22, (uint32_t)v13, (uint32_t)v9, (uint32_t)v29, (uint32_t)v31});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v89, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v32, (uint32_t)v1, (uint32_t)32, (uint32_t)v37});
+            const int64_t v100 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v21, (uint32_t)v1, (uint32_t)v100, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v23, (uint32_t)32, (uint32_t)v24, (uint32_t)v3});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v100, (uint32_t)v16, (uint32_t)v17, (uint32_t)v22, (uint32_t)v13, (uint32_t)v9, (uint32_t)v29, (uint32_t)v31});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v100, (uint32_t)v16, (uint32_t)v17, (uint32_t)v13, (uint32_t)v9, (uint32_t)v32, (uint32_t)v1, (uint32_t)32, (uint32_t)v37});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -560,10 +594,10 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v65);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v68) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v68) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v82) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // grad_w (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v71);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v74) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v88) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // grad_w (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_partials0).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
@@ -575,12 +609,12 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*grad_w).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v65; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v71; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v90 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v90, (uint32_t)v64, (uint32_t)v65, (uint32_t)v80, (uint32_t)v81, (uint32_t)v61, (uint32_t)32});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v90, (uint32_t)v64, (uint32_t)v65, (uint32_t)v69, (uint32_t)v80, (uint32_t)32, (uint32_t)v61});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v90, (uint32_t)v64, (uint32_t)v65, (uint32_t)v80, (uint32_t)v83, (uint32_t)v61, (uint32_t)32});
+            const int64_t v101 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v101, (uint32_t)v70, (uint32_t)v71, (uint32_t)v86, (uint32_t)v87, (uint32_t)v67, (uint32_t)32});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v101, (uint32_t)v70, (uint32_t)v71, (uint32_t)v75, (uint32_t)v86, (uint32_t)32, (uint32_t)v67});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v101, (uint32_t)v70, (uint32_t)v71, (uint32_t)v86, (uint32_t)v89, (uint32_t)v67, (uint32_t)32});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -647,61 +681,74 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
     const int64_t v40 = (int64_t)ws_partials0->address();
     const int64_t v41 = (int64_t)grad_x->address();
     const int64_t v42 = v11 * 4096;
-    const int64_t v43 = v42 + v42;
-    const int64_t v44 = v24 * 2048;
-    const int64_t v45 = v43 + v44;
-    const int64_t v46 = v11 * 2048;
-    const int64_t v47 = v45 + v46;
-    const int64_t v48 = v26 * 2048;
-    const int64_t v49 = v47 + v48;
-    const int64_t v50 = v27 * 4096;
+    const int64_t v43 = 0 + v42;
+    const int64_t v44 = v43 + v42;
+    const int64_t v45 = v24 * 2048;
+    const int64_t v46 = v44 + v45;
+    const int64_t v47 = 0 + v45;
+    const int64_t v48 = v11 * 2048;
+    const int64_t v49 = v46 + v48;
+    const int64_t v50 = v26 * 2048;
     const int64_t v51 = v49 + v50;
-    const int64_t v52 = v51 + v42;
-    const int64_t v53 = v52 + v44;
-    const int64_t v54 = v53 + v44;
-    const int64_t v55 = v54 + v42;
-    const int64_t v56 = v55 + v46;
-    const int64_t v57 = v26 * 4096;
-    const int64_t v58 = v56 + v57;
-    const int64_t v59 = v39 * 4096;
-    const int64_t v60 = v58 + v59;
-    const int64_t v61 = v60 + v48;
-    const bool v62 = v61 <= 1400000;
-    if (!(v62)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16.streamed: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
-    const int64_t v63 = (int64_t)D;
-    const int64_t v64 = v63 + 32;
-    const int64_t v65 = v64 - 1;
-    const int64_t v66 = v65 / 32;
-    const int64_t v67 = std::min<int64_t>((int64_t)(grid.x * grid.y), v66 > 1 ? v66 : 1);
-    const int64_t v68 = 32 + 31;
-    const int64_t v69 = v68 / 32;
-    const int64_t v70 = (v69 > 1 ? v69 : 1);
-    const int64_t v71 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v72 = (int64_t)N;
-    const int64_t v73 = v72 + 32;
-    const int64_t v74 = v73 - 1;
-    const int64_t v75 = v74 / 32;
-    const int64_t v76 = (int64_t)ws_partials0->address();
-    const int64_t v77 = (2 > 1 ? 2 : 1);
-    const int64_t v78 = (int64_t)grad_w->address();
-    const int64_t v79 = v70 * 4096;
-    const int64_t v80 = v79 + v79;
-    const int64_t v81 = v77 * 2048;
-    const int64_t v82 = v80 + v81;
-    const bool v83 = v82 <= 1400000;
-    if (!(v83)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16.streamed: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v52 = v27 * 4096;
+    const int64_t v53 = v51 + v52;
+    const int64_t v54 = v53 + v42;
+    const int64_t v55 = v54 + v45;
+    const int64_t v56 = v47 + v45;
+    const int64_t v57 = v55 + v45;
+    const int64_t v58 = v56 + v45;
+    const int64_t v59 = v57 + v42;
+    const int64_t v60 = v59 + v48;
+    const int64_t v61 = v26 * 4096;
+    const int64_t v62 = v60 + v61;
+    const int64_t v63 = v39 * 4096;
+    const int64_t v64 = v62 + v63;
+    const int64_t v65 = v64 + v50;
+    const bool v66 = v65 <= 1400000;
+    if (!(v66)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16.streamed: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v67 = v65 + v58;
+    const bool v68 = v67 <= 1400000;
+    const int64_t v69 = (v68 ? 2 : 1);
+    const int64_t v70 = v24 * v69;
+    const int64_t v71 = (int64_t)D;
+    const int64_t v72 = v71 + 32;
+    const int64_t v73 = v72 - 1;
+    const int64_t v74 = v73 / 32;
+    const int64_t v75 = std::min<int64_t>((int64_t)(grid.x * grid.y), v74 > 1 ? v74 : 1);
+    const int64_t v76 = 32 + 31;
+    const int64_t v77 = v76 / 32;
+    const int64_t v78 = (v77 > 1 ? v77 : 1);
+    const int64_t v79 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v80 = (int64_t)N;
+    const int64_t v81 = v80 + 32;
+    const int64_t v82 = v81 - 1;
+    const int64_t v83 = v82 / 32;
+    const int64_t v84 = (int64_t)ws_partials0->address();
+    const int64_t v85 = (2 > 1 ? 2 : 1);
+    const int64_t v86 = (int64_t)grad_w->address();
+    const int64_t v87 = v78 * 4096;
+    const int64_t v88 = 0 + v87;
+    const int64_t v89 = v88 + v87;
+    const int64_t v90 = v85 * 2048;
+    const int64_t v91 = v89 + v90;
+    const bool v92 = v91 <= 1400000;
+    if (!(v92)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16.streamed: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v93 = v91 + v88;
+    const bool v94 = v93 <= 1400000;
+    const int64_t v95 = (v94 ? 2 : 1);
+    const int64_t v96 = v78 * v95;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v10);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried col (sums)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // loop-carried col (sums)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // x (full); grad_y (full)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // x (full); grad_y (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // reduce scaler (1.0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // column masks (all ones, last tile)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v27) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // row-sum operand (hi, mid, lo)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{6, tt::DataFormat::Float32}}).set_page_size(6, 4096));  // row sums (column 0); per-row values
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // grad_y (full); x (full)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // w (row); w (row)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // grad_y (full); x (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // w (row); w (row); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // row sums (column 0); per-row values
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // row mask (valid rows of the block)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_partials0 (out)
@@ -725,10 +772,10 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.streamed/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v10; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v84 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v84, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v25, (uint32_t)v1, (uint32_t)v18, (uint32_t)32, (uint32_t)v28, (uint32_t)v29, (uint32_t)v3});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v84, (uint32_t)v9, (uint32_t)v10, (uint32_t)v12, (uint32_t)v12, (uint32_t)v21, (uint32_t)v18, (uint32_t)v1, (uint32_t)v36, (uint32_t)v38});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v84, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v40, (uint32_t)v1, (uint32_t)v18, (uint32_t)v41, (uint32_t)32});
+            const int64_t v97 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v97, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v25, (uint32_t)v1, (uint32_t)v18, (uint32_t)32, (uint32_t)v28, (uint32_t)v29, (uint32_t)v3});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v97, (uint32_t)v9, (uint32_t)v10, (uint32_t)v12, (uint32_t)v12, (uint32_t)v21, (uint32_t)v18, (uint32_t)v1, (uint32_t)v36, (uint32_t)v38});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v97, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v40, (uint32_t)v1, (uint32_t)v18, (uint32_t)v41, (uint32_t)32});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -736,10 +783,10 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v67);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v77) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // grad_w (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v75);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v78) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v96) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v85) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // grad_w (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_partials0).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.streamed/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
@@ -751,12 +798,12 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*grad_w).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.streamed/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v67; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v75; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v85 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v85, (uint32_t)v66, (uint32_t)v67, (uint32_t)v75, (uint32_t)v76, (uint32_t)v63, (uint32_t)32});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v85, (uint32_t)v66, (uint32_t)v67, (uint32_t)v71, (uint32_t)v75, (uint32_t)32, (uint32_t)v63});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v85, (uint32_t)v66, (uint32_t)v67, (uint32_t)v75, (uint32_t)v78, (uint32_t)v63, (uint32_t)32});
+            const int64_t v98 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v98, (uint32_t)v74, (uint32_t)v75, (uint32_t)v83, (uint32_t)v84, (uint32_t)v71, (uint32_t)32});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v98, (uint32_t)v74, (uint32_t)v75, (uint32_t)v79, (uint32_t)v83, (uint32_t)32, (uint32_t)v71});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v98, (uint32_t)v74, (uint32_t)v75, (uint32_t)v83, (uint32_t)v86, (uint32_t)v71, (uint32_t)32});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
