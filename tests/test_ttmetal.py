@@ -30,7 +30,7 @@ from tests.ttmetal_model import build as model_build
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "build" / "ttmetal-tests"
 CHECKER = REPO.parent / "shared" / "tools" / "tt-kernel-check"
-SUPPORTED = ("rms_norm_backward",)
+SUPPORTED = ("rms_norm_backward", "embedding_bw")
 
 pytestmark = pytest.mark.skipif(model_build.cxx() is None, reason="no g++")
 
@@ -166,7 +166,7 @@ def test_rows_too_long_for_l1_use_the_column_chunk_schedule(rms_exe, tmp_path, T
 
 
 # ------------------------------------------------------------------------ unsupported
-@pytest.mark.parametrize("op", ["embedding_backward", "embedding_dense_backward", "embedding_bw",
+@pytest.mark.parametrize("op", ["embedding_backward", "embedding_dense_backward",
                                 "fused_linear_cross_entropy_loss_grad"])
 def test_ops_the_backend_cannot_lower_say_what(op):
     with pytest.raises(TileUnsupported) as e:
@@ -257,3 +257,61 @@ def test_new_dsl_ops_on_the_model(new_ops, op, tmp_path):
 @pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
 def test_new_dsl_ops_pass_the_real_header_check(new_ops):
     _check_kernels([k for op in NEW for k in _kernels(op)])
+
+
+# --------------------------------------------------------------------------- scatter-adds
+@pytest.fixture(scope="module")
+def ebw_exe() -> Path:
+    return runner.build("embedding_bw", OUT / "embedding_bw")
+
+
+def _ebw_cases() -> list[tuple[str, dict[str, Any]]]:
+    from tests.cpu_cases import ebw_args
+
+    rng = np.random.default_rng(21)
+    cases = []
+    for IT in ("u32", "i32", "i64"):
+        for T in ("bf16", "f32"):
+            for N, D, V in ((29, 10, 9), (70, 33, 40), (0, 8, 5), (64, 64, 1), (300, 40, 100)):
+                cases.append((f"{IT}-{T}-{N}x{D}x{V}", ebw_args(rng, IT, "f32", T, N=N, D=D, V=V)))
+    a = ebw_args(rng, "i32", "bf16", "bf16", N=200, D=65, V=70)
+    a["indices"][:150] = 37  # one row hit 150 times: 150 batches in its table tile
+    cases.append(("hot-row", a))
+    return cases
+
+
+def test_embedding_bw_on_the_model(ebw_exe, tmp_path):
+    """Owner-computes scatter-add on TT-Metal: against the oracle (u32/i32/i64 indices, bf16/f32,
+    dims not multiples of 32, N = 0, V = 1, a row hit 150 times), the same bits on 1, 3 and 64
+    cores."""
+    o = registry.get("embedding_bw")
+    failures = []
+    for name, a in _ebw_cases():
+        ref = oracle.run(o, **{k: np.copy(v) for k, v in a.items()})
+        runs = {}
+        for g in ((8, 8), (1, 1), (3, 1)):
+            proc, outs = runner.run(ebw_exe, "embedding_bw", a, tmp_path / f"{name}-{g[0]}x{g[1]}", grid=g)
+            assert proc.returncode == 0, f"{name} on {g}: {proc.stderr[-3000:]}"
+            runs[g] = outs["out"]
+        try:
+            assert_c_close(runs[(8, 8)], ref["out"], f"{name}.out")
+        except AssertionError as e:
+            failures.append(str(e))
+        for g in ((1, 1), (3, 1)):
+            if runs[g].tobytes() != runs[(8, 8)].tobytes():
+                failures.append(f"{name}: {g[0] * g[1]} cores differ from 64")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("bad", [-1, 9])
+def test_embedding_bw_refuses_out_of_range_indices_before_writing(ebw_exe, tmp_path, bad):
+    from tests.cpu_cases import ebw_args
+
+    a = ebw_args(np.random.default_rng(2), "i64", "f32", "f32", N=29, D=10, V=9)
+    a["indices"][17] = bad
+    with pytest.raises(OpError):
+        oracle.run(registry.get("embedding_bw"), **{k: np.copy(v) for k, v in a.items()})
+    proc, outs = runner.run(ebw_exe, "embedding_bw", a, tmp_path / "bad")
+    assert proc.returncode == 3, proc.stderr
+    assert f"index {bad} at position 17 is out of range [0, 9)" in proc.stderr
+    assert outs["out"].tobytes() == a["out"].tobytes(), "the output was written"

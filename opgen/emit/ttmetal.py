@@ -189,6 +189,8 @@ class HostPrinter(Scalars):
                 continue
             out.append(f"const std::shared_ptr<distributed::MeshBuffer>& {n.data}" if kd.data == "tensor"
                        else f"float {n.data}")
+        if any(isinstance(o, k.ScatterPlanOp) for o in self.p.walk()):
+            out.append("IndexType index_dtype")
         return out + [f"uint32_t {d}" for d in self.dims()]
 
     def print(self) -> str:
@@ -225,7 +227,11 @@ class HostPrinter(Scalars):
         return "\n".join([*lines, "}", ""])
 
     def host_op(self, op: Operation) -> None:
-        if isinstance(op, k.ReturnIfOp):
+        if isinstance(op, k.ScatterPlanOp):
+            self.line(f"std::shared_ptr<distributed::MeshBuffer> {op.sym.data};")
+            self.line(f"if (int rc = opgen_tt_scatter_plan(mesh, {op.indices.data}, index_dtype, (uint32_t){self.name(op.n)}, "
+                      f'(uint32_t){self.name(op.rows)}, {op.sym.data}, "{self.p.sym_name.data}")) return rc;')
+        elif isinstance(op, k.ReturnIfOp):
             self.line(f"if ({self.name(op.cond)}) return 0;  // every output is empty")
         elif isinstance(op, k.CheckOp):
             msg = op.message.data.replace('"', '\\"')
@@ -295,6 +301,8 @@ class HostPrinter(Scalars):
 def prog_args(prog: k.ProgramOp) -> list[dict]:
     """The host function's tensor and scalar parameters (name, kind, dtype, shape dims)."""
     out = []
+    plans = {o.indices.data for o in prog.walk() if isinstance(o, k.ScatterPlanOp)}
+    read = {o.arg.data for o in prog.walk() if isinstance(o, k.BufferAddrOp)} | plans
     for n, kd, ty, lay in zip(prog.arg_names.data, prog.arg_kinds.data, prog.arg_types.data,
                               prog.attributes["layouts"].data, strict=True):
         if n.data != "workspace":
@@ -303,6 +311,11 @@ def prog_args(prog: k.ProgramOp) -> list[dict]:
                 elem = 2 if ty.dtype == "bf16" else 4
                 a["layout"] = lay.data
                 a["page_size"] = 1024 * elem if lay.data == "tile" else 32 * elem
+                if n.data in plans:  # indices of any IndexType: pages of 32 of them
+                    a["dtype"] = "index (the index_dtype parameter: u32, i32 or i64)"
+                    a["page_size"] = "32 x the index size"
+                elif n.data not in read:
+                    a["dtype"] = "any (not read: it only supplies dims)"
             out.append(a)
     return out
 
@@ -346,6 +359,7 @@ def emit(module: ModuleOp, op_name: str) -> dict[str, str]:
             impl = f"{function_name(prog)}_{schedule_name(prog)}"
             hp = HostPrinter(prog, impl)
             entry = {"variant": var, "schedule": schedule_name(prog),
+                     "index_dtype_param": any(isinstance(o, k.ScatterPlanOp) for o in prog.walk()),
                      "dtypes": {n: a.data for n, a in prog.dtype_vars.data.items()},
                      "function": function_name(prog), "args": prog_args(prog), "dims": hp.dims(), "launches": []}
             for ln in (o for o in prog.body.block.ops if isinstance(o, k.LaunchOp)):

@@ -164,6 +164,25 @@ class WorkspaceOp(IRDLOperation):
 
 
 @irdl_op_definition
+class ScatterPlanOp(IRDLOperation):
+    """Host: the owner-computes plan of a scatter-add over index tensor ``indices`` (``n``
+    indices into ``rows`` table rows). It reads the indices (one blocking read), returns an index
+    error before any launch if one is out of range, and uploads DRAM buffer ``sym``: pages of 32
+    uint32 — first, per 32-row table tile T, at page T/16 words 2(T%16) and 2(T%16)+1, its first
+    batch page and its batch count; then the batches: for each table row of the tile, the source
+    row of its k-th contribution in ascending order (or 0xFFFFFFFF)."""
+
+    name = "ttk.scatter_plan"
+    indices = prop_def(StringAttr)
+    sym = prop_def(StringAttr)
+    n = operand_def(TensorType)
+    rows = operand_def(TensorType)
+
+    def __init__(self, indices: str, sym: str, n: SSAValue, rows: SSAValue):
+        super().__init__(operands=[n, rows], properties={"indices": StringAttr(indices), "sym": StringAttr(sym)})
+
+
+@irdl_op_definition
 class ReturnIfOp(IRDLOperation):
     """Host: the program has nothing to do when ``cond`` holds (every output is empty): the host
     function returns success before any launch."""
@@ -313,4 +332,4 @@ class CallOp(IRDLOperation):
 
 
 Ttk = Dialect("ttk", [ProgramOp, LaunchOp, CoresOp, CoreIndexOp, BufferAddrOp, ScalarArgOp, BitsOp, WorkspaceOp,
-                      ReturnIfOp, CheckOp, CbOp, KernelOp, ArgOp, AccessorOp, CallOp], [])
+                      ScatterPlanOp, ReturnIfOp, CheckOp, CbOp, KernelOp, ArgOp, AccessorOp, CallOp], [])

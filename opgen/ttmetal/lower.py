@@ -58,7 +58,8 @@ SPLIT = 3
 #: bits of an f32 kept in the hi part of a reduction operand (sign, exponent, 10 mantissa bits)
 SPLIT_MASK = "0xFFFFE000u"
 FORMAT = {"bf16": "Float16_b", "f32": "Float32"}
-TILE_BYTES = {"Float16_b": 2048, "Float32": 4096}
+#: page bytes of a CB per data format: a tile; for UInt32 a page of 32 words (plans, headers)
+TILE_BYTES = {"Float16_b": 2048, "Float32": 4096, "UInt32": 128}
 TT_DTYPES = ("bf16", "f32")
 SCALAR_OPS = (ir.ConstantOp, ir.DimOp, ir.AddOp, ir.SubOp, ir.MulOp, ir.DivOp, ir.MinOp, ir.MaxOp, ir.CmpOp,
               ir.SelectOp, ir.CastOp, ir.AndOp, ir.OrOp, ir.NotOp)
@@ -68,6 +69,8 @@ SFPU_UNARY = {ir.RsqrtOp: "rsqrt", ir.RecipOp: "recip", ir.ExpOp: "exp", ir.Sigm
 #: the tile-level ops this lowering handles (anything else: TtUnsupported naming it)
 LOWERED = (t.KernelOp, t.TilingOp, t.ParamOp, t.BlockIdxOp, t.BlockNumOp, t.ForOp, t.YieldOp, t.SyncAllOp,
            t.WorkspaceOp, t.CopyInOp, t.CopyOutOp, t.ReduceOp, ir.BroadcastOp, ir.CastOp, *SFPU_UNARY, *SCALAR_OPS)
+#: what the scatter-add lowering (opgen/ttmetal/scatter.py) reads of the tile level
+SCATTER_OPS = (t.SegmentsOp, t.SegStartOp, t.SegAtOp, t.AddRowOp)
 WHAT = {t.SegmentsOp: "owner-computes scatter-add segments", t.SegStartOp: "scatter-add segments",
         t.SegAtOp: "scatter-add segments", t.AddRowOp: "scatter-add rows", t.MatmulOp: "matmul chains",
         t.LoadOp: "scalar loads", t.LoadBitOp: "scalar loads of packed bits", t.SetAtOp: "scalar stores",
@@ -208,6 +211,16 @@ class KernelBuilder:
         (self.top_map if self.top else self.maps[-1])[v] = r
         return r
 
+    def accessor_named(self, name: str, page: int) -> str:
+        """The kernel's TensorAccessor over the host's buffer ``name`` with pages of ``page`` B."""
+        if name not in self.acc_vals:
+            addr = self.rt_arg(f"{name}_addr", self.low.host_op(k.BufferAddrOp(name)))
+            after = self.accessors[-1] if self.accessors else ""
+            Rewriter.insert_op(k.AccessorOp(name, after, page, addr), InsertPoint.at_end(self.args_block))
+            self.accessors.append(name)
+            self.acc_vals[name] = name
+        return name
+
     def accessor(self, gm: SSAValue, name: str) -> str:
         """The kernel's TensorAccessor over tensor argument ``name`` (declared once)."""
         if name not in self.acc_vals:
@@ -306,8 +319,11 @@ class Lowering:
         for d in dv.values():
             if dtypes.by_name(d).is_float and d not in TT_DTYPES:
                 raise TtUnsupported(self.name, f"dtype {d} (TT-Metal computes bf16 and f32)")
+        scatter = any(isinstance(o, t.SegmentsOp) for o in kernel.walk())
         for o in kernel.walk():
             if o.parent_op() is not None and isinstance(o.parent_op(), t.TilingOp):
+                continue
+            if scatter and isinstance(o, SCATTER_OPS):
                 continue
             if not isinstance(o, LOWERED):
                 raise TtUnsupported(self.name, f"{o.name}" + (f" ({WHAT[type(o)]})" if type(o) in WHAT else ""))
@@ -417,6 +433,11 @@ class Lowering:
         kinds = ["tensor" if isinstance(a.type, t.GmType) else "scalar" for a in self.k.body.block.args]
         prog = k.ProgramOp(self.name, list(self.args), kinds, [a.type for a in self.k.body.block.args],
                            self.k.dtype_vars)
+        if any(isinstance(o, t.SegmentsOp) for o in self.k.walk()):
+            from opgen.ttmetal.scatter import lower_scatter
+
+            prog.body.block.add_op(lower_scatter(self))
+            return self.finish_program(prog)
         phases: list[list[Operation]] = [[]]
         for op in self.k.body.block.ops:
             if isinstance(op, t.TilingOp):
@@ -427,7 +448,11 @@ class Lowering:
                 phases[-1].append(op)
         for i, ops in enumerate(phases):
             prog.body.block.add_op(self.launch(i, ops))
-        from xdsl.dialects.builtin import ArrayAttr, StringAttr
+        return self.finish_program(prog)
+
+    def finish_program(self, prog: k.ProgramOp) -> k.ProgramOp:
+        """The layouts of the program's tensors and its return when every output is empty."""
+        from xdsl.dialects.builtin import ArrayAttr
         prog.attributes["layouts"] = ArrayAttr([StringAttr(self.layout(a) if isinstance(a.type, t.GmType) else "-")
                                                 for a in self.k.body.block.args])
         first = prog.body.block.first_op
@@ -462,6 +487,17 @@ class Lowering:
             Rewriter.insert_op(o, InsertPoint.before(anchor) if anchor else InsertPoint.at_end(first.body.block))
 
     def launch(self, index: int, ops: list[Operation]) -> k.LaunchOp:
+        dist = [o for o in ops if isinstance(o, t.ForOp) and isinstance(o.lo.owner, t.BlockIdxOp)]
+        if len(dist) != 1:
+            raise TtUnsupported(self.name, "a launch without exactly one loop over the cores")
+        launch = self.begin_launch(index, lambda: self.host_val(dist[0].hi))
+        for op in ops:
+            self.lower_op(op)
+        return self.end_launch(launch, index)
+
+    def begin_launch(self, index: int, units) -> k.LaunchOp:
+        """A new launch: its host block, CB plan and three kernel builders; ``units()`` gives the
+        host value of how many units its cores share."""
         launch = k.LaunchOp(index)
         self.host = launch.body.block
         self.hmap: dict[SSAValue, SSAValue] = {}
@@ -469,10 +505,7 @@ class Lowering:
         self.cb_keys: list[tuple[str, str, str]] = []
         self.free: dict[tuple[str, str, str], list[int]] = {}
         self.dbuf: set[int] = set()  # CBs the reader fills from DRAM
-        dist = [o for o in ops if isinstance(o, t.ForOp) and isinstance(o.lo.owner, t.BlockIdxOp)]
-        if len(dist) != 1:
-            raise TtUnsupported(self.name, "a launch without exactly one loop over the cores")
-        self.cores = self.host_op(k.CoresOp(self.host_val(dist[0].hi)))
+        self.cores = self.host_op(k.CoresOp(units()))
         self.r = KernelBuilder(self, "reader")
         self.c = KernelBuilder(self, "compute")
         self.w = KernelBuilder(self, "writer")
@@ -484,8 +517,10 @@ class Lowering:
         self.copied: set[int] = set()
         self.scratch: dict[str, int] = {}  # CBs read by copy_tile / unary_bcast: unpacked to DST in f32
         self.at_top(self.c, "compute_kernel_hw_startup", "tt::CBIndex::c_0", "tt::CBIndex::c_0")
-        for op in ops:
-            self.lower_op(op)
+        return launch
+
+    def end_launch(self, launch: k.LaunchOp, index: int) -> k.LaunchOp:
+        """Pop what is left, plan L1 and add the CBs and kernels to ``launch``."""
         self.close_scope()
         self.plan_l1(launch, index)
         for b in self.b:
@@ -1062,6 +1097,11 @@ class LowerToTtKernel(ModulePass):
                 if any(dtypes.by_name(d.data).is_float and d.data not in TT_DTYPES
                        for d in kern.dtype_vars.data.values()):
                     op.body.block.erase_op(kern)  # (f16, f64: no TT-Metal instance)
+                    continue
+                sched = kern.attributes.get("schedule")
+                if sched is not None and sched.data == "streamed" and \
+                        any(isinstance(o, t.SegmentsOp) for o in kern.walk()):
+                    op.body.block.erase_op(kern)  # (a scatter-add's TT plan does not depend on row length)
                     continue
                 prog = Lowering(kern).run()
                 op.body.block.insert_op_before(prog, kern)

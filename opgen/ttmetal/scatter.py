@@ -1,0 +1,164 @@
+"""Scatter-adds on TT-Metal (``out[idx[n]] += grad[n]``): owner computes, no atomics.
+
+The tile level walks blocks of table rows, each with the segments of the indices that hit it
+(``tile.segments``), and adds every hitting grad row into its table row (``tile.add_row``). On
+TT-Metal the same sums are made per *unit* = (32-row table tile T, column tile j), the units
+split over the cores, so every output tile has one owner and cores stay busy when the table is
+short or narrow:
+
+* the host builds the plan once (``ttk.scatter_plan``): it reads the indices, refuses an
+  out-of-range one before any launch, and groups each table tile's contributions into
+  *batches*: batch k holds the k-th contribution (in ascending n) of each of the tile's rows;
+* the reader of a unit reads the tile's header from the plan (one page, pushed to compute:
+  compute reads the batch count with ``read_tile_value``), then per batch gathers the grad rows
+  into a zeroed tile at their table rows (``opgen_tt_gather_rows``: two 16-element NOC reads
+  per row);
+* compute adds the batches in order into one DST tile (f32) inside one section, so each table
+  row sums its contributions in ascending n, on any number of cores (bitwise identical);
+* the writer writes the tile (zero where nothing hit).
+
+Each grad row is read once per column tile. Handled: the plain sum (embedding_bw). Per-row
+factors (scale_grad_by_freq, padding_idx, alpha) and initial tables are not lowered yet.
+"""
+
+from __future__ import annotations
+
+from xdsl.ir import SSAValue
+
+from opgen.ir import dialect as ir
+from opgen.tile import dialect as t
+from opgen.ttmetal import dialect as k
+from opgen.ttmetal.lower import TILE, TILE_BYTES, Lowering, TtUnsupported
+
+#: the plan's pages: 32 uint32
+PLAN_PAGE = 128
+
+
+def _pattern(low: Lowering) -> tuple[str, str, str, str, str]:
+    """(indices, grad, out, N dim, table-rows dim) of a plain scatter-add kernel, or TtUnsupported."""
+    segs = [o for o in low.k.walk() if isinstance(o, t.SegmentsOp)]
+    adds = [o for o in low.k.walk() if isinstance(o, t.AddRowOp)]
+    outs = [o for o in low.k.walk() if isinstance(o, t.CopyOutOp)]
+    ins = [o for o in low.k.walk() if isinstance(o, t.CopyInOp)]
+    plain = len(segs) == len(adds) == len(outs) == len(ins) == 1
+    if plain:
+        v = adds[0].value
+        while isinstance(v.owner, ir.CastOp):
+            v = v.owner.operands[0]
+        zero = [f.inits[0].owner for f in low.k.walk() if isinstance(f, t.ForOp) and f.inits
+                and isinstance(f.inits[0].owner, ir.BroadcastOp)]
+        plain = v.owner is ins[0] and len(zero) == 1 and isinstance(zero[0].operands[0].owner, ir.ConstantOp) \
+            and float(zero[0].operands[0].owner.value.value.data) == 0.0
+    if not plain or segs[0].idx not in low.arg_of or ins[0].src not in low.arg_of or outs[0].dst not in low.arg_of:
+        raise TtUnsupported(low.name, "scatter-adds with per-row factors or an initial table "
+                                      "(embedding_dense_backward, embedding_backward): only plain sums are lowered")
+    idx, grad, out = (low.arg_of[x] for x in (segs[0].idx, ins[0].src, outs[0].dst))
+    return idx, grad, out, low.args[grad].type.shape[0], low.args[out].type.shape[0]
+
+
+def lower_scatter(low: Lowering) -> k.LaunchOp:
+    """The launch of a plain scatter-add (see the module docstring)."""
+    idx, grad, out, n_dim, v_dim = _pattern(low)
+    gm_grad, gm_out = low.args[grad], low.args[out]
+    fmt_in, fmt_out = low.gm_format(gm_grad), low.gm_format(gm_out)
+    units = {}
+
+    def host_units() -> SSAValue:
+        vt, wt = low.host_tiles(v_dim), low.host_tiles("D")
+        units["vt"] = vt
+        return low.host_op(ir.MulOp(vt, wt))
+
+    launch = low.begin_launch(0, host_units)
+    low.host_op(k.ScatterPlanOp(idx, "plan", low.host_op(ir.DimOp(n_dim)), low.host_op(ir.DimOp(v_dim))))
+    r, c, w = low.r, low.c, low.w
+    mb = low.cb("UInt32", 1, "plan header of the unit's table tile (batch count for compute)", "in")
+    scratch = low.cb("UInt32", 1, "the reader's plan page", "in")
+    batch = low.cb(fmt_in, 2, "gathered grad rows (one batch)", "in")
+    res = low.cb(fmt_out, 2, f"{out} (out)", "out")
+    low.copied.add(batch)
+    mbn, scn, bn, on = (f"tt::CBIndex::c_{i}" for i in (mb, scratch, batch, res))
+
+    def dim(b, d: str) -> SSAValue:
+        return b.val(_dim(low, d))
+
+    def wt_of(b) -> SSAValue:
+        return b.val(low.tiles("D"))
+
+    def unit_loop(b) -> tuple[SSAValue, SSAValue, SSAValue]:
+        """for u in (core, units, cores): T = u / Wt, j = u % Wt."""
+        vt = b.arith(ir.DivOp, b.arith(ir.AddOp, dim(b, v_dim), b.const(TILE - 1)), b.const(TILE))
+        wt = wt_of(b)
+        u = b.open_loop(b.rt_arg("core", low.host_op(k.CoreIndexOp())), b.arith(ir.MulOp, vt, wt),
+                        b.rt_arg("cores", low.cores), "u")
+        tt_ = b.arith(ir.DivOp, u, wt)
+        return tt_, b.arith(ir.SubOp, u, b.arith(ir.MulOp, tt_, wt)), wt
+
+    # reader
+    plan = r.accessor_named("plan", PLAN_PAGE)
+    g = r.accessor(gm_grad, grad)
+    r.top = True
+    r.call("cb_reserve_back", scn, "1")
+    scratch_l1 = r.call("get_write_ptr", scn, result=True)
+    r.top = False
+    tt_, j, wt = unit_loop(r)
+    r.call("cb_reserve_back", mbn, "1")
+    hdr = r.call("get_write_ptr", mbn, result=True)
+    r.call("noc_async_read_page", r.arith(ir.DivOp, tt_, r.const(16)), plan, hdr)
+    r.call("noc_async_read_barrier")
+    word = r.arith(ir.MulOp, r.arith(ir.SubOp, tt_, r.arith(ir.MulOp, r.arith(ir.DivOp, tt_, r.const(16)),
+                                                                r.const(16))), r.const(2))
+    first = r.call("opgen_tt_l1_word", hdr, word, result=True)
+    nb = r.call("opgen_tt_l1_word", hdr, r.arith(ir.AddOp, word, r.const(1)), result=True)
+    r.call("cb_push_back", mbn, "1")
+    b = r.open_loop(r.const(0), nb, r.const(1), "b")
+    r.call("noc_async_read_page", r.arith(ir.AddOp, first, b), plan, scratch_l1)
+    r.call("noc_async_read_barrier")
+    r.call("cb_reserve_back", bn, "1")
+    r.call("opgen_tt_gather_rows", g, r.call("get_write_ptr", bn, result=True), str(TILE_BYTES[fmt_in]),
+           r.call("opgen_tt_l1_words", scratch_l1, result=True, rtype="volatile tt_l1_ptr uint32_t*"), j, wt)
+    r.call("cb_push_back", bn, "1")
+    r.close_loop()
+    r.close_loop()
+    r.call("cb_push_back", scn, "1")
+
+    # compute
+    c.top = True
+    c.call("cb_wait_front", scn, "1")
+    c.top = False
+    tt_, j, _ = unit_loop(c)
+    c.call("cb_wait_front", mbn, "1")
+    word = c.arith(ir.MulOp, c.arith(ir.SubOp, tt_, c.arith(ir.MulOp, c.arith(ir.DivOp, tt_, c.const(16)),
+                                                                c.const(16))), c.const(2))
+    nb = c.call("read_tile_value", mbn, "0", c.arith(ir.AddOp, word, c.const(1)), result=True)
+    c.call("tile_regs_acquire")
+    c.call("fill_tile_init")
+    c.call("fill_tile_bitcast", "0", "0")
+    c.open_loop(c.const(0), nb, c.const(1), "b")
+    for call in (("cb_wait_front", bn, "1"), ("reconfig_data_format_srca", bn), ("copy_init", bn),
+                 ("copy_tile", bn, "0", "1"), ("add_binary_tile_init",), ("add_binary_tile", "0", "1", "0"),
+                 ("cb_pop_front", bn, "1")):
+        c.call(*call)
+    c.close_loop()
+    c.call("tile_regs_commit")
+    c.call("cb_pop_front", mbn, "1")
+    low.pack(res)
+    c.close_loop()
+    c.call("cb_pop_front", scn, "1")
+
+    # writer
+    o = w.accessor(gm_out, out)
+    tt_, j, wt = unit_loop(w)
+    w.call("cb_wait_front", on, "1")
+    w.call("noc_async_write_page", w.arith(ir.AddOp, w.arith(ir.MulOp, tt_, wt), j), o,
+           w.call("get_read_ptr", on, result=True))
+    w.call("noc_async_writes_flushed")
+    w.call("cb_pop_front", on, "1")
+    w.close_loop()
+    w.call("noc_async_write_barrier")
+    return low.end_launch(launch, 0)
+
+
+def _dim(low: Lowering, d: str) -> SSAValue:
+    op = ir.DimOp(d)
+    low._scratch.add_op(op)
+    return op.results[0]
