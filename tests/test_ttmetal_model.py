@@ -14,6 +14,9 @@ subprocesses (a rule violation aborts the process).
   .append_to, split_work_to_cores on a 2x2 grid, MeshWorkload, EnqueueWrite/ReadMeshBuffer): unary_bcast
   ROW/COL/SCALAR, mask_tile (a select: NaN/inf under a zero mask become 0) and exp_tile, bf16 and f32, plus
   its rule cases (missing/wrong unary_bcast_init, mask not in DST[d+1], host data of the wrong size).
+* A fourth program (``nx_*`` kernels): a scatter-add of rows with reshuffle_rows_tile (mask bytes built by the reader,
+  count via read_tile_value, mask address via get_tile_address), a 2x3 by 3x2 tile matmul accumulated in DST (both
+  transpose settings), and a tilize -> pack_untilize round trip of row-major data, bf16 and f32, plus their rule cases.
 * All kernels through ``shared/tools/tt-kernel-check --werror`` (real 0.81.1 headers), when the
   tool is present, to keep the spellings honest.
 """
@@ -399,7 +402,16 @@ def test_kernels_pass_the_real_header_check(tmp_path):
            "bx_reader.cpp": (BX_READER, "reader", "2,2048,2,2048"),
            "bx_writer.cpp": (BX_WRITER, "writer", "2,2048,2,2048,2,2048"),
            "bx_compute.cpp": (BX_COMPUTE, "compute", "0"),
-           "bx_compute_f32.cpp": (BX_COMPUTE, "compute", "0", "--fp32-dest-acc", "--default-format", "Float32")}
+           "bx_compute_f32.cpp": (BX_COMPUTE, "compute", "0", "--fp32-dest-acc", "--default-format", "Float32"),
+           "gen_reader.cpp": (GEN_READER, "reader", "2,2048,2,2048"),
+           "gen_writer.cpp": (GEN_WRITER, "writer", "2,2048,2,2048"),
+           "rs_reader.cpp": (RS_READER, "reader", "2,2048,2,128,2,2048"),
+           "rs_compute.cpp": (RS_COMPUTE, "compute", "2"),
+           "rs_compute_f32.cpp": (RS_COMPUTE, "compute", "2", "--fp32-dest-acc", "--default-format", "Float32"),
+           "mm_compute.cpp": (MM_COMPUTE, "compute", "0"),
+           "mm_compute_f32.cpp": (MM_COMPUTE, "compute", "0", "--fp32-dest-acc", "--default-format", "Float32"),
+           "tz_compute.cpp": (TZ_COMPUTE, "compute", "0"),
+           "tz_compute_f32.cpp": (TZ_COMPUTE, "compute", "0", "--fp32-dest-acc", "--default-format", "Float32")}
     inst = subprocess.run([str(CHECKER), "--install"], capture_output=True, text=True, timeout=600)
     if inst.returncode != 0:
         pytest.skip(f"tt-kernel-check --install failed: {inst.stdout[-400:]}{inst.stderr[-400:]}")
@@ -1150,3 +1162,544 @@ def test_unary_bcast_mask_distributed_rules(bx_host, tmp_path):
     assert not bad, "\n".join(bad)
     line = BX_COMPUTE.split("\n").index("        unary_bcast<BroadcastType::COL>(cb_b, 0, 0);") + 1
     assert re.search(rf"\[core \(\d,\d\) compute kernel bx_compute.cpp:{line}\]", results[1].stderr), results[1].stderr
+
+
+# ---- a fourth program (``nx_*``): row reshuffle (scatter-add), matmul, tilize / pack_untilize, one core ----
+
+GEN_READER = r"""
+// reader: `rounds` rounds; in each, for each of n_streams (1 or 2) streams: chunk pages of the stream's tensor
+// (pages round * chunk ...) -> its CB. RT args: rounds, n_streams, then (addr, cb, chunk) per stream.
+#include <cstdint>
+#include "api/dataflow/dataflow_api.h"
+
+template <typename Accessor>
+void read_chunk(const Accessor& acc, uint32_t cb, uint32_t chunk, uint32_t first) {
+    cb_reserve_back(cb, chunk);
+    const uint32_t l1 = get_write_ptr(cb), page = get_tile_size(cb);
+    for (uint32_t i = 0; i < chunk; ++i) noc_async_read_page(first + i, acc, l1 + i * page);
+    noc_async_read_barrier();
+    cb_push_back(cb, chunk);
+}
+
+void kernel_main() {
+    const uint32_t rounds = get_arg_val<uint32_t>(0);
+    const uint32_t n_streams = get_arg_val<uint32_t>(1);
+    const uint32_t cb0 = get_arg_val<uint32_t>(3), chunk0 = get_arg_val<uint32_t>(4);
+    const uint32_t cb1 = get_arg_val<uint32_t>(6), chunk1 = get_arg_val<uint32_t>(7);
+    constexpr auto args0 = TensorAccessorArgs<0>();
+    constexpr auto args1 = TensorAccessorArgs<args0.next_compile_time_args_offset()>();
+    const auto s0 = TensorAccessor(args0, get_arg_val<uint32_t>(2), get_tile_size(cb0));
+    const auto s1 = TensorAccessor(args1, get_arg_val<uint32_t>(5), get_tile_size(cb1));
+    for (uint32_t r = 0; r < rounds; ++r) {
+        read_chunk(s0, cb0, chunk0, r * chunk0);
+        if (n_streams > 1) read_chunk(s1, cb1, chunk1, r * chunk1);
+    }
+}
+"""
+
+GEN_WRITER = r"""
+// writer: `rounds` rounds; in each, for each of n_streams (1 or 2) streams: chunk pages of its CB -> pages
+// round * chunk ... of the stream's tensor. RT args as the reader's.
+#include <cstdint>
+#include "api/dataflow/dataflow_api.h"
+
+template <typename Accessor>
+void write_chunk(const Accessor& acc, uint32_t cb, uint32_t chunk, uint32_t first) {
+    cb_wait_front(cb, chunk);
+    const uint32_t l1 = get_read_ptr(cb), page = get_tile_size(cb);
+    for (uint32_t i = 0; i < chunk; ++i) noc_async_write_page(first + i, acc, l1 + i * page);
+    noc_async_writes_flushed();
+    cb_pop_front(cb, chunk);
+}
+
+void kernel_main() {
+    const uint32_t rounds = get_arg_val<uint32_t>(0);
+    const uint32_t n_streams = get_arg_val<uint32_t>(1);
+    const uint32_t cb0 = get_arg_val<uint32_t>(3), chunk0 = get_arg_val<uint32_t>(4);
+    const uint32_t cb1 = get_arg_val<uint32_t>(6), chunk1 = get_arg_val<uint32_t>(7);
+    constexpr auto args0 = TensorAccessorArgs<0>();
+    constexpr auto args1 = TensorAccessorArgs<args0.next_compile_time_args_offset()>();
+    const auto s0 = TensorAccessor(args0, get_arg_val<uint32_t>(2), get_tile_size(cb0));
+    const auto s1 = TensorAccessor(args1, get_arg_val<uint32_t>(5), get_tile_size(cb1));
+    for (uint32_t r = 0; r < rounds; ++r) {
+        write_chunk(s0, cb0, chunk0, r * chunk0);
+        if (n_streams > 1) write_chunk(s1, cb1, chunk1, r * chunk1);
+    }
+    noc_async_write_barrier();
+}
+"""
+
+RS_READER = r"""
+// reader of the scatter-add out[idx[i]] += g[i] (the vendor's embedding-backward scheme, own code): the 32 row
+// indices -> c_1 (read here), the Wt tiles of g -> c_0, the number of 32-row chunks of `out` that indices hit -> c_25,
+// then per chunk: 32 mask bytes (destination row in the chunk, 255 = skip) -> c_24, the chunk's Wt tiles of out -> c_2;
+// it also writes the updated chunk (c_16) back.
+#include <cstdint>
+#include "api/dataflow/dataflow_api.h"
+
+void kernel_main() {
+    const uint32_t g_addr = get_arg_val<uint32_t>(0);
+    const uint32_t idx_addr = get_arg_val<uint32_t>(1);
+    const uint32_t o_addr = get_arg_val<uint32_t>(2);
+    const uint32_t Wt = get_arg_val<uint32_t>(3);
+    const uint32_t n_rows = get_arg_val<uint32_t>(4);  // rows of out; an index >= n_rows is skipped
+    constexpr uint32_t cb_g = tt::CBIndex::c_0, cb_idx = tt::CBIndex::c_1, cb_o = tt::CBIndex::c_2;
+    constexpr uint32_t cb_out = tt::CBIndex::c_16, cb_mask = tt::CBIndex::c_24, cb_count = tt::CBIndex::c_25;
+    constexpr auto g_args = TensorAccessorArgs<0>();
+    constexpr auto i_args = TensorAccessorArgs<g_args.next_compile_time_args_offset()>();
+    constexpr auto o_args = TensorAccessorArgs<i_args.next_compile_time_args_offset()>();
+    const uint32_t tile = get_tile_size(cb_g);
+    const auto g = TensorAccessor(g_args, g_addr, tile);
+    const auto ix = TensorAccessor(i_args, idx_addr, get_tile_size(cb_idx));
+    const auto o = TensorAccessor(o_args, o_addr, tile);
+
+    cb_reserve_back(cb_idx, 1);
+    noc_async_read_page(0, ix, get_write_ptr(cb_idx));
+    noc_async_read_barrier();
+    cb_push_back(cb_idx, 1);
+    cb_wait_front(cb_idx, 1);
+    volatile tt_l1_ptr uint32_t* idx = reinterpret_cast<volatile tt_l1_ptr uint32_t*>(get_read_ptr(cb_idx));
+
+    uint32_t chunks[32];
+    uint32_t n_chunks = 0;
+    for (uint32_t i = 0; i < 32; ++i) {
+        if (idx[i] >= n_rows) continue;
+        const uint32_t c = idx[i] >> 5;
+        bool seen = false;
+        for (uint32_t k = 0; k < n_chunks; ++k) seen = seen || chunks[k] == c;
+        if (!seen) chunks[n_chunks++] = c;
+    }
+
+    cb_reserve_back(cb_g, Wt);
+    for (uint32_t t = 0; t < Wt; ++t) noc_async_read_page(t, g, get_write_ptr(cb_g) + t * tile);
+    noc_async_read_barrier();
+    cb_push_back(cb_g, Wt);
+
+    cb_reserve_back(cb_count, 1);
+    reinterpret_cast<volatile tt_l1_ptr uint32_t*>(get_write_ptr(cb_count))[0] = n_chunks;
+    cb_push_back(cb_count, 1);
+
+    for (uint32_t k = 0; k < n_chunks; ++k) {
+        cb_reserve_back(cb_mask, 1);
+        volatile tt_l1_ptr uint8_t* mask = reinterpret_cast<volatile tt_l1_ptr uint8_t*>(get_write_ptr(cb_mask));
+        for (uint32_t i = 0; i < 32; ++i)
+            mask[i] = (idx[i] < n_rows && (idx[i] >> 5) == chunks[k]) ? static_cast<uint8_t>(idx[i] & 31) : 255;
+        cb_push_back(cb_mask, 1);
+
+        cb_reserve_back(cb_o, Wt);
+        for (uint32_t t = 0; t < Wt; ++t) noc_async_read_page(chunks[k] * Wt + t, o, get_write_ptr(cb_o) + t * tile);
+        noc_async_read_barrier();
+        cb_push_back(cb_o, Wt);
+
+        cb_wait_front(cb_out, Wt);
+        for (uint32_t t = 0; t < Wt; ++t) noc_async_write_page(chunks[k] * Wt + t, o, get_read_ptr(cb_out) + t * tile);
+        noc_async_write_barrier();
+        cb_pop_front(cb_out, Wt);
+    }
+    cb_pop_front(cb_idx, 1);
+}
+"""
+
+RS_COMPUTE = r"""
+// compute of the scatter-add: per chunk and tile, DST[0] = g tile, DST[1] = out tile,
+// reshuffle_rows_tile(0, mask address - 16) adds row i of DST[0] into row mask[i] of DST[1]; pack DST[1]
+#include <cstdint>
+#include "api/compute/compute_kernel_hw_startup.h"
+#include "api/compute/tile_move_copy.h"
+#include "api/compute/reshuffle.h"
+#include "api/compute/reg_api.h"
+#include "api/compute/pack.h"
+#include "api/compute/cb_api.h"
+#ifndef RULE
+#define RULE 0
+#endif
+
+void kernel_main() {
+    constexpr uint32_t Wt = get_compile_time_arg_val(0);
+    constexpr uint32_t cb_g = tt::CBIndex::c_0, cb_o = tt::CBIndex::c_2, cb_out = tt::CBIndex::c_16;
+    constexpr uint32_t cb_mask = tt::CBIndex::c_24, cb_count = tt::CBIndex::c_25;
+    compute_kernel_hw_startup(cb_g, cb_out);
+    copy_init(cb_g);
+    cb_wait_front(cb_g, Wt);
+#if RULE != 2
+    cb_wait_front(cb_count, 1);
+#endif
+    const uint32_t n_chunks = read_tile_value(cb_count, 0, 0);
+    for (uint32_t k = 0; k < n_chunks; ++k) {
+        cb_wait_front(cb_mask, 1);
+        const uint32_t mask_addr = get_tile_address(cb_mask, 0);
+        cb_wait_front(cb_o, Wt);
+        cb_reserve_back(cb_out, Wt);
+        for (uint32_t t = 0; t < Wt; ++t) {
+            tile_regs_acquire();
+            copy_tile(cb_g, t, 0);
+            copy_tile(cb_o, t, 1);
+            reshuffle_rows_tile_init();
+#if RULE == 1
+            reshuffle_rows_tile(0, mask_addr);  // forgets the 16-B header the LLK skips
+#else
+            reshuffle_rows_tile(0, mask_addr - 16);
+#endif
+            tile_regs_commit();
+            tile_regs_wait();
+            pack_tile(1, cb_out);
+            tile_regs_release();
+        }
+        cb_push_back(cb_out, Wt);
+        cb_pop_front(cb_o, Wt);
+        cb_pop_front(cb_mask, 1);
+    }
+    cb_pop_front(cb_count, 1);
+    cb_pop_front(cb_g, Wt);
+}
+"""
+
+MM_COMPUTE = r"""
+// compute: C (Mt x Nt tiles) = A (Mt x Kt) x B (Kt x Nt), the whole C block accumulated over K in DST
+#include <cstdint>
+#include "api/compute/compute_kernel_hw_startup.h"
+#include "api/compute/matmul.h"
+#include "api/compute/eltwise_binary.h"
+#include "api/compute/reg_api.h"
+#include "api/compute/pack.h"
+#include "api/compute/cb_api.h"
+#ifndef RULE
+#define RULE 0
+#endif
+
+void kernel_main() {
+    const uint32_t transpose = get_arg_val<uint32_t>(0);
+    constexpr uint32_t Mt = 2, Kt = 3, Nt = 2;
+    constexpr uint32_t cb_a = tt::CBIndex::c_0, cb_b = tt::CBIndex::c_1, cb_c = tt::CBIndex::c_16;
+    compute_kernel_hw_startup<SrcOrder::Reverse>(cb_a, cb_b, cb_c);
+    cb_wait_front(cb_a, Mt * Kt);
+    cb_wait_front(cb_b, Kt * Nt);
+#if RULE == 3
+    mul_init(cb_a, cb_b);
+#else
+    matmul_init(cb_a, cb_b, transpose);
+#endif
+    tile_regs_acquire();
+    for (uint32_t k = 0; k < Kt; ++k)
+        for (uint32_t i = 0; i < Mt; ++i)
+            for (uint32_t j = 0; j < Nt; ++j) matmul_tiles(cb_a, cb_b, i * Kt + k, k * Nt + j, i * Nt + j);
+    tile_regs_commit();
+    tile_regs_wait();
+    cb_reserve_back(cb_c, Mt * Nt);
+    for (uint32_t d = 0; d < Mt * Nt; ++d) pack_tile(d, cb_c);
+    cb_push_back(cb_c, Mt * Nt);
+    tile_regs_release();
+    cb_pop_front(cb_a, Mt * Kt);
+    cb_pop_front(cb_b, Kt * Nt);
+}
+"""
+
+TZ_COMPUTE = r"""
+// compute, per 32-row strip of Wt tiles' width of row-major x: tilize -> c_24; copy the tiles -> c_17;
+// pack_untilize them back (two blocks of Wt/2 tiles) -> c_16 (row-major)
+#include <cstdint>
+#include "api/compute/compute_kernel_hw_startup.h"
+#include "api/compute/tilize.h"
+#include "api/compute/pack_untilize.h"
+#include "api/compute/tile_move_copy.h"
+#include "api/compute/reg_api.h"
+#include "api/compute/pack.h"
+#include "api/compute/cb_api.h"
+#ifndef RULE
+#define RULE 0
+#endif
+
+void kernel_main() {
+    const uint32_t n_strips = get_arg_val<uint32_t>(0);
+    constexpr uint32_t Wt = 4, half = Wt / 2;
+    constexpr uint32_t cb_x = tt::CBIndex::c_0, cb_y = tt::CBIndex::c_16, cb_tiles = tt::CBIndex::c_17;
+    constexpr uint32_t cb_t = tt::CBIndex::c_24;
+    compute_kernel_hw_startup(cb_x, cb_t);
+    for (uint32_t s = 0; s < n_strips; ++s) {
+        tilize_init(cb_x, Wt, cb_t);
+        cb_wait_front(cb_x, Wt);
+        cb_reserve_back(cb_t, Wt);
+        tilize_block(cb_x, Wt, cb_t);
+        cb_push_back(cb_t, Wt);
+        cb_pop_front(cb_x, Wt);
+        tilize_uninit(cb_x, cb_t);
+
+        copy_init(cb_t);
+        cb_wait_front(cb_t, Wt);
+        for (uint32_t t = 0; t < Wt; ++t) {
+            tile_regs_acquire();
+            copy_tile(cb_t, t, 0);
+            tile_regs_commit();
+            tile_regs_wait();
+            cb_reserve_back(cb_tiles, 1);
+            pack_tile(0, cb_tiles);
+            cb_push_back(cb_tiles, 1);
+            tile_regs_release();
+        }
+
+#if RULE == 4
+        pack_untilize_init<16>(cb_t, cb_y);
+        cb_reserve_back(cb_y, Wt);
+        pack_untilize_block<16>(cb_t, 1, cb_y);
+#else
+        pack_untilize_init<half, Wt>(cb_t, cb_y);
+        cb_reserve_back(cb_y, Wt);
+        for (uint32_t b = 0; b < Wt / half; ++b) {
+            cb_wait_front(cb_t, half);
+            pack_untilize_block<half, Wt>(cb_t, 1, cb_y, b);
+            cb_pop_front(cb_t, half);
+        }
+#endif
+        cb_push_back(cb_y, Wt);
+        pack_untilize_uninit(cb_y);
+    }
+}
+"""
+
+NX_HOST = r"""
+// host: argv = kernel_dir mode(rs|mm|tz) f32(0|1) rule transpose in.bin out.bin
+//   rs: in = g (Wt tiles), out (3 chunks x Wt tiles), 32 uint32 row indices; out = the updated out
+//   mm: in = A (2x3 tiles, row-major tile order), B (3x2 tiles); out = C (2x2 tiles)
+//   tz: in = x row-major (64 x 128: 8 pages); out = the tilized tiles (8 pages), then x back (row-major, 8 pages)
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+#include <tt-metalium/host_api.hpp>
+
+using namespace tt::tt_metal;
+
+int main(int argc, char **argv) {
+    if (argc != 8) { fprintf(stderr, "usage\n"); return 2; }
+    const std::string dir = argv[1], mode = argv[2];
+    const bool f32 = atoi(argv[3]) != 0;
+    const int rule = atoi(argv[4]);
+    const uint32_t transpose = (uint32_t)atoi(argv[5]);
+    const tt::DataFormat fmt = f32 ? tt::DataFormat::Float32 : tt::DataFormat::Float16_b;
+    const uint32_t page = f32 ? 4096 : 2048;
+    FILE *fi = fopen(argv[6], "rb");
+    std::vector<uint8_t> in;
+    for (int ch; fi && (ch = fgetc(fi)) != EOF;) in.push_back((uint8_t)ch);
+    if (fi) fclose(fi);
+
+    Program program = CreateProgram();
+    CoreCoord core{0, 0};
+    auto cb = [&](uint8_t idx, uint32_t pages, tt::DataFormat f, uint32_t pg) {
+        CreateCircularBuffer(program, core, CircularBufferConfig(pages * pg, {{idx, f}}).set_page_size(idx, pg));
+    };
+    auto buf = [&](uint32_t bytes, size_t from) {
+        uint32_t a = ttmodel::dram_alloc(bytes);
+        if (from != (size_t)-1) memcpy(ttmodel::dram_ptr(a), in.data() + from, bytes);
+        return a;
+    };
+    std::map<std::string, std::string> defs;
+    if (rule) defs["RULE"] = std::to_string(rule);
+    std::vector<UnpackToDestMode> u2d(32, UnpackToDestMode::Default);
+    if (f32) u2d[0] = u2d[2] = u2d[24] = UnpackToDestMode::UnpackToDestFp32;
+    std::vector<std::pair<uint32_t, uint32_t>> outs;  // (address, bytes) written to out.bin in order
+
+    if (mode == "rs") {
+        const uint32_t Wt = 2, n_out = 3 * Wt;
+        if (in.size() != (Wt + n_out) * page + 128) { fprintf(stderr, "bad input\n"); return 2; }
+        uint32_t g = buf(Wt * page, 0), o = buf(n_out * page, Wt * page), ix = buf(128, (Wt + n_out) * page);
+        cb(tt::CBIndex::c_0, Wt, fmt, page);
+        cb(tt::CBIndex::c_1, 1, tt::DataFormat::UInt32, 128);
+        cb(tt::CBIndex::c_2, Wt, fmt, page);
+        cb(tt::CBIndex::c_16, Wt, fmt, page);
+        cb(tt::CBIndex::c_24, 2, tt::DataFormat::UInt8, 32);
+        cb(tt::CBIndex::c_25, 1, tt::DataFormat::UInt32, 16);
+        auto reader = CreateKernel(program, dir + "/rs_reader.cpp", core,
+                                   ReaderDataMovementConfig({2, page, 2, 128, 2, page}));
+        CreateKernel(program, dir + "/rs_compute.cpp", core,
+                     ComputeConfig{.fp32_dest_acc_en = f32, .unpack_to_dest_mode = u2d, .compile_args = {Wt},
+                                   .defines = defs});
+        SetRuntimeArgs(program, reader, core, {g, ix, o, Wt, 3 * 32});
+        outs.push_back({o, n_out * page});
+    } else if (mode == "mm") {
+        if (in.size() != 12 * page) { fprintf(stderr, "bad input\n"); return 2; }
+        uint32_t a = buf(6 * page, 0), b = buf(6 * page, 6 * page), c = buf(4 * page, (size_t)-1);
+        cb(tt::CBIndex::c_0, 6, fmt, page);
+        cb(tt::CBIndex::c_1, 6, fmt, page);
+        cb(tt::CBIndex::c_16, 4, fmt, page);
+        std::vector<uint32_t> ct{2, page, 2, page};
+        auto reader = CreateKernel(program, dir + "/gen_reader.cpp", core, ReaderDataMovementConfig(ct));
+        auto writer = CreateKernel(program, dir + "/gen_writer.cpp", core, WriterDataMovementConfig(ct));
+        auto compute = CreateKernel(program, dir + "/mm_compute.cpp", core,
+                                    ComputeConfig{.fp32_dest_acc_en = f32, .defines = defs});
+        SetRuntimeArgs(program, reader, core, {1, 2, a, tt::CBIndex::c_0, 6, b, tt::CBIndex::c_1, 6});
+        SetRuntimeArgs(program, writer, core, {1, 1, c, tt::CBIndex::c_16, 4, c, tt::CBIndex::c_16, 4});
+        SetRuntimeArgs(program, compute, core, {transpose});
+        outs.push_back({c, 4 * page});
+    } else if (mode == "tz") {
+        if (in.size() != 8 * page) { fprintf(stderr, "bad input\n"); return 2; }
+        uint32_t x = buf(8 * page, 0), t = buf(8 * page, (size_t)-1), y = buf(8 * page, (size_t)-1);
+        for (uint8_t idx : {tt::CBIndex::c_0, tt::CBIndex::c_16, tt::CBIndex::c_17, tt::CBIndex::c_24})
+            cb(idx, 4, fmt, page);
+        std::vector<uint32_t> ct{2, page, 2, page};
+        auto reader = CreateKernel(program, dir + "/gen_reader.cpp", core, ReaderDataMovementConfig(ct));
+        auto writer = CreateKernel(program, dir + "/gen_writer.cpp", core, WriterDataMovementConfig(ct));
+        auto compute = CreateKernel(program, dir + "/tz_compute.cpp", core,
+                                    ComputeConfig{.fp32_dest_acc_en = f32, .unpack_to_dest_mode = u2d,
+                                                  .defines = defs});
+        SetRuntimeArgs(program, reader, core, {2, 1, x, tt::CBIndex::c_0, 4, x, tt::CBIndex::c_0, 4});
+        SetRuntimeArgs(program, writer, core, {2, 2, t, tt::CBIndex::c_17, 4, y, tt::CBIndex::c_16, 4});
+        SetRuntimeArgs(program, compute, core, {2});
+        outs.push_back({t, 8 * page});
+        outs.push_back({y, 8 * page});
+    } else {
+        fprintf(stderr, "bad mode\n");
+        return 2;
+    }
+    ttmodel::run(program);
+    FILE *fo = fopen(argv[7], "wb");
+    for (auto [a, n] : outs) fwrite(ttmodel::dram_ptr(a), 1, n, fo);
+    fclose(fo);
+    return 0;
+}
+"""
+
+NX_SOURCES = {"nx_host.cpp": NX_HOST, "gen_reader.cpp": GEN_READER, "gen_writer.cpp": GEN_WRITER,
+              "rs_reader.cpp": RS_READER, "rs_compute.cpp": RS_COMPUTE, "mm_compute.cpp": MM_COMPUTE,
+              "tz_compute.cpp": TZ_COMPUTE}
+
+
+def nx_inputs(mode: str, f32: bool, transpose: int = 0):
+    """The input bytes of a run and the float32 arrays (already rounded to the data type) the checks use."""
+    dt = np.float32 if f32 else BF16
+    rng = np.random.default_rng({"rs": 21, "mm": 22, "tz": 23}[mode])
+    if mode == "rs":
+        g = rng.standard_normal((32, 64)).astype(dt)
+        o = rng.standard_normal((96, 64)).astype(dt)
+        # rows 3, 17 and 30 all go to row 40 (in that order); rows 5 and 9 are skipped (>= 96); chunk 2 (rows 64..95)
+        # gets rows 0 and 31 only; chunk 1 several; row 0 of out is hit once
+        idx = rng.integers(0, 64, 32).astype(np.uint32)
+        idx[[3, 17, 30]] = 40
+        idx[5], idx[9] = 0xFFFFFFFF, 96
+        idx[0], idx[31], idx[1] = 70, 95, 0
+        def tiles(a):
+            return np.concatenate([tilize(a[:, 32 * t:32 * t + 32]) for t in range(2)])
+        ot = np.concatenate([tiles(o[32 * c:32 * c + 32]) for c in range(3)])
+        data = np.concatenate([tiles(g), ot]).tobytes() + idx.tobytes()
+        return data, (g.astype(np.float32), o.astype(np.float32), idx)
+    if mode == "mm":
+        a = rng.standard_normal((64, 96)).astype(dt)
+        b = rng.standard_normal((96, 64)).astype(dt)
+
+        def tiles(m, tr=False):
+            rows, cols = m.shape[0] // 32, m.shape[1] // 32
+            return np.concatenate([tilize(m[32 * i:32 * i + 32, 32 * j:32 * j + 32].T.copy() if tr else
+                                          m[32 * i:32 * i + 32, 32 * j:32 * j + 32]) for i in range(rows)
+                                   for j in range(cols)])
+        data = np.concatenate([tiles(a), tiles(b, bool(transpose))]).tobytes()
+        return data, (a.astype(np.float32), b.astype(np.float32))
+    x = rng.standard_normal((64, 128)).astype(dt)
+    return x.tobytes(), (x.astype(np.float32),)
+
+
+def nx_run(host: Path, mode: str, *, f32: bool, rule: int = 0, transpose: int = 0, tmp: Path):
+    dt = np.float32 if f32 else BF16
+    data, arrays = nx_inputs(mode, f32, transpose)
+    inp, out = tmp / f"nx_{mode}{int(f32)}_{rule}_{transpose}.in", tmp / f"nx_{mode}{int(f32)}_{rule}_{transpose}.out"
+    inp.write_bytes(data)
+    cmd = [str(host), str(OUT / "src"), mode, str(int(f32)), str(rule), str(transpose), str(inp), str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    return r, (np.fromfile(out, dtype=dt).astype(np.float32) if r.returncode == 0 else None), arrays
+
+
+NX_RULES = {
+    ("rs", 1): "rule 1 (CB): reshuffle_rows_tile(0, 0x",
+    ("rs", 2): "rule 1 (CB): read_tile_value(25, 0): tile 0 of CB 25 but the compute kernel waited for only 0 pages",
+    ("mm", 3): "rule 5 (init): matmul_tiles(0, 1, ...) needs matmul_init(0, 1) as the last FPU init "
+               "(the last one was mul_init)",
+    ("tz", 4): "rule 4 (DST protocol): pack_untilize_block<16, 16>: block_ct_dim 16 exceeds DST: it holds 8 tiles "
+               "(16-bit, half-sync)",
+}
+
+
+@pytest.fixture(scope="module")
+def nx_results(tmp_path_factory):
+    """Every nx_* run (positive ones for bf16 and f32, both matmul transposes, and the rule cases), two at a time."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    host = model_build.build_host(NX_SOURCES, OUT, exe_name="nx_host")
+    tmp = tmp_path_factory.mktemp("nx")
+    jobs = [(m, f, 0, tr) for f in (False, True) for m, tr in (("rs", 0), ("mm", 0), ("mm", 1), ("tz", 0))]
+    jobs += [(m, False, rule, 0) for m, rule in NX_RULES]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex:
+        res = list(ex.map(lambda j: nx_run(host, j[0], f32=j[1], rule=j[2], transpose=j[3], tmp=tmp), jobs))
+    return dict(zip(jobs, res, strict=True))
+
+
+def _rne_bf16(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float32).astype(BF16).astype(np.float32)
+
+
+@pytest.mark.parametrize("f32", [False, True], ids=["bf16", "f32"])
+def test_reshuffle_rows_scatter_add(nx_results, f32):
+    """reshuffle_rows_tile: out[idx[i]] += g[i] with the mask built by the reader, the count read with
+    read_tile_value and the mask address with get_tile_address (minus the 16-B header the LLK skips)."""
+    r, out, (g, o, idx) = nx_results[("rs", f32, 0, 0)]
+    assert r.returncode == 0, r.stderr
+    # the model's documented semantics, emulated: rows in increasing order, each add in f32, DST rounding per add
+    want = o.copy()
+    for i in range(32):
+        if idx[i] < 96:
+            s = want[idx[i]] + g[i]
+            want[idx[i]] = s if f32 else _rne_bf16(s)
+    got = np.concatenate([np.concatenate([untilize(out[(2 * c + t) * 1024:(2 * c + t + 1) * 1024], 1)
+                                          for t in range(2)], axis=1) for c in range(3)])
+    assert np.array_equal(got, want)
+    ref = o.astype(np.float64)
+    np.add.at(ref, idx[idx < 96].astype(np.int64), g[idx < 96].astype(np.float64))
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 if f32 else 6e-2)
+    assert not np.array_equal(got[40], o[40] + g[3]), "three rows accumulate into row 40"
+
+
+def _mm_emulate(a: np.ndarray, b: np.ndarray, f32: bool) -> np.ndarray:
+    """The model's matmul: TF32 operands (f32) / exact bf16, per tile and per inner half a 16-term f32 sum in order
+    added into DST (bf16-rounded unless f32), K tiles in order."""
+    if f32:
+        a = (a.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+        b = (b.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    c = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for k0 in range(0, a.shape[1], 16):
+        acc = np.zeros_like(c)
+        for k in range(k0, k0 + 16):
+            acc = (acc + np.outer(a[:, k], b[k, :]).astype(np.float32)).astype(np.float32)
+        c = (c + acc).astype(np.float32)
+        c = c if f32 else _rne_bf16(c)
+    return c
+
+
+@pytest.mark.parametrize("transpose", [0, 1])
+@pytest.mark.parametrize("f32", [False, True], ids=["bf16", "f32"])
+def test_matmul_block(nx_results, f32, transpose):
+    """matmul_init/matmul_tiles: a 2x3-tile by 3x2-tile product accumulated over K in DST; with transpose = 1 the host
+    stores every B tile transposed and the unpacker transposes it back."""
+    r, out, (a, b) = nx_results[("mm", f32, 0, transpose)]
+    assert r.returncode == 0, r.stderr
+    got = np.block([[untilize(out[(2 * i + j) * 1024:(2 * i + j + 1) * 1024], 1) for j in range(2)] for i in range(2)])
+    assert np.array_equal(got, _mm_emulate(a, b, f32))
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(got, ref, rtol=0 if f32 else 2e-2, atol=5e-2 if f32 else 0.1)
+
+
+@pytest.mark.parametrize("f32", [False, True], ids=["bf16", "f32"])
+def test_tilize_pack_untilize_round_trip(nx_results, f32):
+    """tilize_block gives the tile layout of row-major data, and pack_untilize_block (two blocks of 2 tiles of a
+    4-tile row, block_c_index 0 and 1) gives the rows back, bit for bit."""
+    r, out, (x,) = nx_results[("tz", f32, 0, 0)]
+    assert r.returncode == 0, r.stderr
+    tiles, back = out[:8 * 1024], out[8 * 1024:]
+    want = np.concatenate([tilize(x[32 * s:32 * s + 32, 32 * t:32 * t + 32]) for s in range(2) for t in range(4)])
+    assert np.array_equal(tiles, want)
+    assert np.array_equal(back.reshape(64, 128), x)
+
+
+def test_reshuffle_matmul_tilize_rules(nx_results):
+    bad = []
+    for (mode, rule), want in NX_RULES.items():
+        r = nx_results[(mode, False, rule, 0)][0]
+        if r.returncode == 0 or want not in r.stderr:
+            bad.append(f"{mode} case {rule}: rc={r.returncode} want {want!r}\n{r.stderr[-800:]}")
+    assert not bad, "\n".join(bad)
+    assert "which is not inside a CB page the compute kernel waited for" in nx_results[("rs", False, 1, 0)][0].stderr

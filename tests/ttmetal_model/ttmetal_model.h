@@ -164,6 +164,7 @@ struct CB {
     tt::DataFormat format = tt::DataFormat::Float16_b;
     uint64_t pushed = 0, popped = 0;
     uint32_t reserved = 0, waited = 0; /* pages of the open reservation / of the last wait not yet popped */
+    int waiter = -1;                    /* the role (Role) of the thread whose cb_wait_front opened `waited` */
     uint32_t wr_page = 0, rd_page = 0;
     uint32_t packed = 0; /* in-order pack_tile position since the last push */
     uint32_t wr_ptr() const { return addr + wr_page * page; }
@@ -186,6 +187,11 @@ struct ComputeState {
     int fpu_cb = -1;        /* the first CB of that init */
     tt::DataFormat fpu_fmt[2] = {tt::DataFormat::Invalid, tt::DataFormat::Invalid};
     bool acc_to_dest = false;
+    int fpu_cb1 = -1;       /* the second CB of that init (matmul: in1) */
+    uint32_t fpu_param = 0, fpu_param2 = 0; /* matmul: transpose; tilize: block; pack_untilize: block_ct_dim, full_ct_dim */
+    int fpu_ocb = -1;       /* tilize / pack_untilize: the output CB of the init */
+    bool tilize_active = false;   /* tilize_init not yet undone by tilize_uninit (the unpacker is in tilize mode) */
+    bool untilize_active = false; /* pack_untilize_init not yet undone by pack_untilize_uninit (the packer untilizes) */
     std::string sfpu_init;  /* last SFPU init since the last FPU init, "" if none */
     int reduce_mask = -1;   /* -1: off; else the ReduceDim of reduce_init not yet undone by reduce_uninit */
 };
@@ -326,6 +332,7 @@ inline void cb_wait(uint32_t id, uint32_t n, int line) {
     snprintf(w, sizeof w, "cb_wait_front(%u, %u)", id, n);
     block_until(t, lk, w, [&] { return c.pushed - c.popped >= n; });
     c.waited = n;
+    c.waiter = t.role;
 }
 inline void cb_pop(uint32_t id, uint32_t n, int line) {
     Thread &t = self(line);

@@ -112,9 +112,14 @@ inline void need_valid(Thread &t, ComputeState &s, uint32_t idst, const char *fn
 /* FPU init bookkeeping (rule 5) */
 inline void fpu_init(Thread &t, const std::string &kind, uint32_t cb0, int cb1, const char *fn) {
     ComputeState &s = started(t, fn);
+    if (s.tilize_active && kind != "tilize")
+        fail(5, "init", "%s after tilize_init without tilize_uninit (the unpacker is still in tilize mode)", fn);
     s.fpu_init = kind;
     s.fpu_init_call = kind + "_init";
     s.fpu_cb = (int)cb0;
+    s.fpu_cb1 = cb1;
+    s.fpu_param = s.fpu_param2 = 0;
+    s.fpu_ocb = -1;
     s.fpu_fmt[0] = cb_of(t, cb0).format;
     s.fpu_fmt[1] = cb1 >= 0 ? cb_of(t, (uint32_t)cb1).format : tt::DataFormat::Invalid;
     s.sfpu_init.clear();
@@ -226,6 +231,8 @@ inline void pack_tile(uint32_t ifrom_dst, uint32_t icb, uint32_t output_tile_ind
     ComputeState &s = started(t, "pack_tile");
     if (s.state != DST_WAITED) fail(4, "DST protocol", "pack_tile outside tile_regs_wait ... tile_regs_release");
     need_valid(t, s, ifrom_dst, "pack_tile");
+    if (s.untilize_active)
+        fail(5, "init", "pack_tile after pack_untilize_init without pack_untilize_uninit: the packer is still in untilize mode");
     if (s.reduce_mask >= 0 && !s.from_reduce[ifrom_dst])
         fail(5, "init", "pack_tile of DST[%u] (not a reduce result) after reduce_init without reduce_uninit: the packer still masks the reduce edge",
              ifrom_dst);
@@ -613,6 +620,303 @@ inline void bitwise_and_tile(uint32_t idst, uint32_t param0, int line = __builti
                   "bitwise_and_tile: integer data formats only");
     ttmodel::sfpu_unary("bitwise_and_tile", "bitwise_and_tile", idst, line,
                         [](float x, uint32_t p) { return ttmodel::bits_f32(ttmodel::f32_bits(x) & p); }, param0);
+}
+
+/* ==== CB tile addresses and values for the compute kernel (api/compute/cb_api.h) ====
+ * 0.81.1: get_tile_address(cb, i) = (fifo_rd_ptr + fifo_page_size * i) << 4, the plain byte address of tile i of
+ * the front (no header), and read_tile_value(cb, i, k) = the uint32_t at that address + 4 * k; UNPACK reads them and
+ * hands them to MATH and PACK through the mailboxes. The model allows them only on a tile the compute kernel waited
+ * for (cb_wait_front, not yet popped). */
+namespace ttmodel {
+inline uint32_t front_tile_addr(Thread &t, uint32_t cb, uint32_t itile, const char *fn) {
+    cstate(t, fn);
+    std::lock_guard<std::mutex> lk(t.core->m);
+    CB &c = cb_of(t, cb);
+    if (itile >= c.waited || c.waiter != COMPUTE)
+        fail(1, "CB", "%s(%u, %u): tile %u of CB %u but the compute kernel waited for only %u pages (cb_wait_front, not yet popped)",
+             fn, cb, itile, itile, cb, c.waiter == COMPUTE ? c.waited : 0);
+    return c.rd_ptr() + itile * c.page;
+}
+}  // namespace ttmodel
+inline uint32_t get_tile_address(uint32_t cb_id, uint32_t tile_index, ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) {
+    return ttmodel::front_tile_addr(ttmodel::self(line.v), cb_id, tile_index, "get_tile_address");
+}
+inline uint32_t read_tile_value(uint32_t cb_id, uint32_t tile_index, uint32_t element_offset,
+                                ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) {
+    using namespace ttmodel;
+    Thread &t = self(line.v);
+    uint32_t a = front_tile_addr(t, cb_id, tile_index, "read_tile_value");
+    uint32_t page = cb_of(t, cb_id).page;
+    if ((uint64_t)element_offset * 4 + 4 > page)
+        fail(0, "model", "read_tile_value(%u, %u, %u): uint32_t element %u lies outside the %u-B page", cb_id, tile_index,
+             element_offset, element_offset, page);
+    uint32_t v;
+    memcpy(&v, l1_ptr(a + 4 * element_offset), 4);
+    return v;
+}
+
+/* ==== row reshuffle (api/compute/reshuffle.h; LLK ckernel_sfpu_reshuffle_rows.h, wormhole_b0) ====
+ * reshuffle_rows_tile(idst, idx_addr): the SFPU scatter-add of the rows of DST[idst] into DST[idst + 1]:
+ *     for row = 0 .. 31 in order: d = L1 byte at idx_addr + 16 + row; if d >= 32 skip (the vendor writes 255);
+ *                                  else DST[idst+1] row d += DST[idst] row `row` (all 32 columns, both faces)
+ * The LLK skips a 16-B "tile header" (idx_addr + 16) that CB pages do not have, so kernels pass
+ * get_tile_address(cb, 0) - 16. DST[idst+1] is not cleared; each add is an f32 add (SFPADD of 1.0 * in + out) stored
+ * back to DST (rounded to bf16 unless fp32_dest_acc_en [unchecked: SFPSTORE rounding]), so rows mapping to the same
+ * destination accumulate in increasing source-row order. The 32 bytes must lie in a CB page the compute kernel
+ * holds (cb_wait_front, not yet popped): rule 1. */
+inline void reshuffle_rows_tile_init(ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) {
+    ttmodel::sfpu_init(ttmodel::self(line.v), "reshuffle_rows_tile", "reshuffle_rows_tile_init");
+}
+inline void reshuffle_rows_tile(uint32_t idst, uint32_t idx_addr, ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) {
+    using namespace ttmodel;
+    Thread &t = self(line.v);
+    ComputeState &s = sfpu(t, "reshuffle_rows_tile", "reshuffle_rows_tile", idst);
+    const uint32_t out = idst + 1;
+    if (out >= t.core->dst_tiles())
+        fail(4, "DST protocol", "reshuffle_rows_tile(%u, ...) writes DST[%u] (idst + 1), out of range: DST holds %u tiles (%s, %s)", idst,
+             out, t.core->dst_tiles(), t.core->fp32_dest_acc ? "fp32_dest_acc_en" : "16-bit",
+             t.core->dst_full_sync ? "full-sync" : "half-sync");
+    need_valid(t, s, idst, "reshuffle_rows_tile");
+    need_valid(t, s, out, "reshuffle_rows_tile");
+    const uint64_t lo = (uint64_t)idx_addr + 16, hi = lo + 32;
+    bool held = false;
+    {
+        std::lock_guard<std::mutex> lk(t.core->m);
+        for (const CB &c : t.core->cbs)
+            if (c.configured && c.waited && c.waiter == COMPUTE && lo >= c.rd_ptr() &&
+                hi <= (uint64_t)c.rd_ptr() + (uint64_t)c.waited * c.page)
+                held = true;
+    }
+    if (!held)
+        fail(1, "CB", "reshuffle_rows_tile(%u, 0x%x): the LLK reads the 32 mask bytes at idx_addr + 16 = [0x%llx, 0x%llx), which is not inside "
+             "a CB page the compute kernel waited for (cb_wait_front, not yet popped); pass get_tile_address(cb, i) - 16", idst, idx_addr,
+             (unsigned long long)lo, (unsigned long long)hi);
+    uint8_t mask[32];
+    memcpy(mask, l1_ptr((uint32_t)lo), 32);
+    for (uint32_t row = 0; row < 32; row++) {
+        const uint32_t d = mask[row];
+        if (d >= 32) continue;
+        for (uint32_t c = 0; c < 32; c++) {
+            float &o = s.dst[out][tile_index(d, c)];
+            o = to_dst(*t.core, o + s.dst[idst][tile_index(row, c)]);
+        }
+    }
+    s.valid[out] = true;
+    s.from_reduce[out] = false;
+}
+
+/* ==== matmul (api/compute/matmul.h) ====
+ * matmul_init(in0, in1, transpose = 0): in0 -> SrcB, in1 -> SrcA (compute_kernel_hw_startup<SrcOrder::Reverse> is
+ * the vendor's documented startup for matmul kernels; the model does not check it). transpose != 0 transposes each
+ * in1 tile (within-face transpose by the unpacker plus faces 1 and 2 swapped by the math MOP: the full 32x32
+ * transpose). matmul_tiles(in0, in1, i0, i1, idst): DST[idst] += A x B (B^T when transposed), A = tile i0 of in0,
+ * B = tile i1 of in1, operands as the other FPU ops (TF32 from Float32 CBs). Each output element: for each half of
+ * the inner dimension (k in 0..15, then 16..31: one MVMUL per inner face) the 16 products are summed in order in f32
+ * and added into DST, rounded by DST (bf16 unless fp32_dest_acc_en) [unchecked: the FPU's internal dot-product
+ * precision; HiFi4 is taken as exact]. */
+inline void matmul_init(uint32_t in0_cb_id, uint32_t in1_cb_id, const uint32_t transpose = 0, uint32_t call_line = __builtin_LINE()) {
+    using namespace ttmodel;
+    Thread &t = self((int)call_line);
+    fpu_init(t, "matmul", in0_cb_id, (int)in1_cb_id, "matmul_init");
+    char b[96];
+    snprintf(b, sizeof b, "matmul_init(%u, %u, %u)", in0_cb_id, in1_cb_id, transpose);
+    t.cs->fpu_init_call = b;
+    t.cs->fpu_param = transpose ? 1 : 0;
+}
+inline void matmul_tiles(uint32_t in0_cb_id, uint32_t in1_cb_id, uint32_t in0_tile_index, uint32_t in1_tile_index, uint32_t idst,
+                         ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) {
+    using namespace ttmodel;
+    Thread &t = self(line.v);
+    ComputeState &s = math(t, "matmul_tiles", idst);
+    if (s.fpu_init != "matmul" || s.fpu_cb != (int)in0_cb_id || s.fpu_cb1 != (int)in1_cb_id)
+        fail(5, "init", "matmul_tiles(%u, %u, ...) needs matmul_init(%u, %u) as the last FPU init (the last one was %s)", in0_cb_id,
+             in1_cb_id, in0_cb_id, in1_cb_id, s.fpu_init.empty() ? "none" : s.fpu_init_call.c_str());
+    fpu_check(t, s, "matmul", in0_cb_id, (int)in1_cb_id, "matmul_tiles");
+    const uint8_t *pa = in_tile(t, in0_cb_id, in0_tile_index, "matmul_tiles");
+    const uint8_t *pb = in_tile(t, in1_cb_id, in1_tile_index, "matmul_tiles");
+    tt::DataFormat fa = cb_of(t, in0_cb_id).format, fb = cb_of(t, in1_cb_id).format;
+    const bool tr = s.fpu_param != 0;
+    float a[32][32], b[32][32];
+    for (uint32_t r = 0; r < 32; r++)
+        for (uint32_t c = 0; c < 32; c++) {
+            a[r][c] = fpu_operand(fa, pa, tile_index(r, c));
+            b[r][c] = fpu_operand(fb, pb, tr ? tile_index(c, r) : tile_index(r, c));
+        }
+    for (uint32_t i = 0; i < 32; i++)
+        for (uint32_t j = 0; j < 32; j++) {
+            float &o = s.dst[idst][tile_index(i, j)];
+            for (uint32_t h = 0; h < 2; h++) {
+                float acc = 0.0f;
+                for (uint32_t k = 16 * h; k < 16 * h + 16; k++) acc += a[i][k] * b[k][j];
+                o = to_dst(*t.core, o + acc);
+            }
+        }
+    s.valid[idst] = true;
+    s.from_reduce[idst] = false;
+}
+
+/* ==== tilize / pack untilize (api/compute/tilize.h, api/compute/pack_untilize.h) ==== */
+namespace ttmodel {
+/* UNPACK -> DST of one datum: exact for Float16_b; Float32 goes to DST unchanged only through the unpack-to-dest
+ * path (UnpackToDestFp32 on that CB with fp32_dest_acc_en), else through SrcA as TF32 (as copy_tile) */
+inline float unpack_a(const Core &core, uint32_t cb, tt::DataFormat f, const uint8_t *p, uint32_t i) {
+    bool exact = core.fp32_dest_acc && core.unpack_to_dest_fp32[cb];
+    return to_dst(core, exact ? load(f, p, i) : fpu_operand(f, p, i));
+}
+inline uint32_t datum_bytes(tt::DataFormat f) { return tile_bytes(f) / kTileElems; }
+/* tilize_block / pack_untilize_block acquire and release DST themselves */
+inline void dst_idle(ComputeState &s, const char *fn) {
+    if (s.state != DST_IDLE)
+        fail(4, "DST protocol", "%s inside a tile_regs_acquire ... tile_regs_release section (it acquires and releases DST itself)", fn);
+}
+/* [lo, hi) bytes from the front of CB `cb` must lie in the pages the compute kernel waited for */
+inline const uint8_t *front_bytes(Thread &t, uint32_t cb, uint64_t lo, uint64_t hi, const char *fn) {
+    std::lock_guard<std::mutex> lk(t.core->m);
+    CB &c = tile_cb(t, cb, fn);
+    uint32_t w = c.waiter == COMPUTE ? c.waited : 0;
+    if (hi > (uint64_t)w * c.page)
+        fail(1, "CB", "%s reads bytes [%llu, %llu) of the front of CB %u (%u pages) but only %u pages are waited for (cb_wait_front)", fn,
+             (unsigned long long)lo, (unsigned long long)hi, cb, (unsigned)((hi + c.page - 1) / c.page), w);
+    return l1_ptr(c.rd_ptr());
+}
+/* [lo, hi) bytes from the write pointer of CB `cb` must lie in its open reservation */
+inline uint8_t *back_bytes(Thread &t, uint32_t cb, uint64_t hi, const char *fn) {
+    std::lock_guard<std::mutex> lk(t.core->m);
+    CB &c = tile_cb(t, cb, fn);
+    if (hi > (uint64_t)c.reserved * c.page)
+        fail(1, "CB", "%s writes %u pages of CB %u but only %u pages are reserved (cb_reserve_back)", fn,
+             (unsigned)((hi + c.page - 1) / c.page), cb, c.reserved);
+    return l1_ptr(c.wr_ptr());
+}
+}  // namespace ttmodel
+
+/* tilize_init(icb, block, ocb): the unpacker reads row-major data with a row of `block` tiles (block * 32 datums);
+ * it stays in tilize mode until tilize_uninit (the model rejects any other FPU init before it). */
+template <bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void tilize_init(uint32_t icb, uint32_t block, uint32_t ocb, uint32_t call_line = __builtin_LINE()) {
+    using namespace ttmodel;
+    Thread &t = self((int)call_line);
+    if (block == 0) fail(0, "model", "tilize_init(%u, 0, %u): block must be > 0", icb, ocb);
+    tile_cb(t, icb, "tilize_init");
+    tile_cb(t, ocb, "tilize_init");
+    ComputeState &s = started(t, "tilize_init");
+    s.tilize_active = false;
+    fpu_init(t, "tilize", icb, -1, "tilize_init");
+    char b[96];
+    snprintf(b, sizeof b, "tilize_init(%u, %u, %u)", icb, block, ocb);
+    s.fpu_init_call = b;
+    s.fpu_param = block;
+    s.fpu_ocb = (int)ocb;
+    s.tilize_active = true;
+}
+/* tilize_block(icb, block, ocb, input_tile_index = 0, output_tile_index = 0): for t < block, output tile
+ * output_tile_index + t of ocb's reservation (out of order, from the write pointer) gets element (r, c) =
+ * row-major datum (e + t) * 32 + r * block * 32 + c from icb's read pointer, e = (input_tile_index / block) *
+ * block * 32 + input_tile_index % block (llk_unpack_tilize_block). It neither waits, pops, reserves nor pushes: the
+ * kernel does (cb_wait_front(icb, block), cb_reserve_back(ocb, block), ..., cb_push_back, cb_pop_front). Each tile
+ * goes through DST (its own acquire/release, outside any tile_regs section) and the packer (CB format). */
+template <bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void tilize_block(uint32_t icb, uint32_t block, uint32_t ocb, uint32_t input_tile_index = 0, uint32_t output_tile_index = 0,
+                         ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) {
+    using namespace ttmodel;
+    Thread &t = self(line.v);
+    ComputeState &s = started(t, "tilize_block");
+    dst_idle(s, "tilize_block");
+    if (s.fpu_init != "tilize" || s.fpu_cb != (int)icb || s.fpu_param != block || !s.tilize_active)
+        fail(5, "init", "tilize_block(%u, %u, %u) needs tilize_init(%u, %u, ...) as the last FPU init (the last one was %s)", icb, block,
+             ocb, icb, block, s.fpu_init.empty() || !s.tilize_active ? "none" : s.fpu_init_call.c_str());
+    fpu_check(t, s, "tilize", icb, -1, "tilize_block");
+    const tt::DataFormat fi = cb_of(t, icb).format, fo = cb_of(t, ocb).format;
+    const uint64_t e = (uint64_t)(input_tile_index / block) * block * 32 + input_tile_index % block;
+    const uint64_t row = (uint64_t)block * 32;
+    const uint64_t last = (e + block - 1) * 32 + 31 * row + 32; /* one past the last datum read */
+    const uint8_t *pi = front_bytes(t, icb, e * 32 * datum_bytes(fi), last * datum_bytes(fi), "tilize_block");
+    const uint32_t opage = cb_of(t, ocb).page;
+    uint8_t *po = back_bytes(t, ocb, (uint64_t)(output_tile_index + block) * opage, "tilize_block");
+    for (uint32_t tt_ = 0; tt_ < block; tt_++) {
+        uint8_t *dst = po + (size_t)(output_tile_index + tt_) * opage;
+        for (uint32_t r = 0; r < 32; r++)
+            for (uint32_t c = 0; c < 32; c++)
+                store(fo, dst, tile_index(r, c), unpack_a(*t.core, icb, fi, pi, (uint32_t)((e + tt_) * 32 + r * row + c)));
+    }
+}
+inline void tilize_uninit(uint32_t icb, uint32_t ocb, ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) {
+    using namespace ttmodel;
+    Thread &t = self(line.v);
+    ComputeState &s = started(t, "tilize_uninit");
+    cb_of(t, icb), cb_of(t, ocb);
+    if (!s.tilize_active) fail(5, "init", "tilize_uninit(%u, %u) without tilize_init", icb, ocb);
+    s.tilize_active = false;
+    s.fpu_init.clear(); /* the unpacker is reprogrammed: the next FPU op needs its own init */
+    s.fpu_init_call.clear();
+    s.fpu_cb = s.fpu_cb1 = -1;
+}
+
+/* pack_untilize_init<block_ct_dim, full_ct_dim>(icb, ocb): unpack A + datacopy from icb, packer in untilize mode for
+ * ocb until pack_untilize_uninit(ocb) (pack_tile is rejected meanwhile). */
+template <uint32_t block_ct_dim = 8, uint32_t full_ct_dim = block_ct_dim, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void pack_untilize_init(uint32_t icb, uint32_t ocb, uint32_t call_line = __builtin_LINE()) {
+    static_assert(block_ct_dim >= 1 && full_ct_dim % block_ct_dim == 0, "pack_untilize: full_ct_dim must be a multiple of block_ct_dim");
+    using namespace ttmodel;
+    Thread &t = self((int)call_line);
+    tile_cb(t, icb, "pack_untilize_init");
+    tile_cb(t, ocb, "pack_untilize_init");
+    fpu_init(t, "pack_untilize", icb, -1, "pack_untilize_init");
+    ComputeState &s = *t.cs;
+    char b[96];
+    snprintf(b, sizeof b, "pack_untilize_init<%u, %u>(%u, %u)", block_ct_dim, full_ct_dim, icb, ocb);
+    s.fpu_init_call = b;
+    s.fpu_param = block_ct_dim;
+    s.fpu_param2 = full_ct_dim;
+    s.fpu_ocb = (int)ocb;
+    s.untilize_active = true;
+}
+/* pack_untilize_block<block_ct_dim, full_ct_dim>(icb, block_rt_dim, ocb, block_c_index = 0): per r < block_rt_dim,
+ * tiles 0 .. block_ct_dim - 1 of icb's front go through DST (block_ct_dim tiles: at most the DST capacity, rule 4) and
+ * the packer writes them row-major into ocb from its write pointer: tile c's element (r, j) at datum
+ * r * full_ct_dim * 32 + (block_c_index * block_ct_dim + c) * 32 + j. Neither pointer advances between the r
+ * iterations (llk_unpack_A reads from fifo_rd_ptr, llk_pack_untilize writes from fifo_wr_ptr), so block_rt_dim > 1
+ * repeats the same strip, as the 0.81.1 LLK does. No wait/pop/reserve/push inside. */
+template <uint32_t block_ct_dim = 8, uint32_t full_ct_dim = block_ct_dim, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void pack_untilize_block(uint32_t icb, uint32_t block_rt_dim, uint32_t ocb, uint32_t block_c_index = 0,
+                                ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) {
+    static_assert(block_ct_dim >= 1 && full_ct_dim % block_ct_dim == 0, "pack_untilize: full_ct_dim must be a multiple of block_ct_dim");
+    using namespace ttmodel;
+    Thread &t = self(line.v);
+    char fn[64];
+    snprintf(fn, sizeof fn, "pack_untilize_block<%u, %u>", block_ct_dim, full_ct_dim);
+    ComputeState &s = started(t, fn);
+    dst_idle(s, fn);
+    if (block_ct_dim > t.core->dst_tiles())
+        fail(4, "DST protocol", "%s: block_ct_dim %u exceeds DST: it holds %u tiles (%s, %s)", fn, block_ct_dim, t.core->dst_tiles(),
+             t.core->fp32_dest_acc ? "fp32_dest_acc_en" : "16-bit", t.core->dst_full_sync ? "full-sync" : "half-sync");
+    if (s.fpu_init != "pack_untilize" || s.fpu_cb != (int)icb || s.fpu_param != block_ct_dim || s.fpu_param2 != full_ct_dim ||
+        s.fpu_ocb != (int)ocb || !s.untilize_active)
+        fail(5, "init", "%s(%u, ..., %u) needs pack_untilize_init<%u, %u>(%u, %u) as the last FPU init and packer init (the last one was %s)",
+             fn, icb, ocb, block_ct_dim, full_ct_dim, icb, ocb, s.fpu_init.empty() ? "none" : s.fpu_init_call.c_str());
+    fpu_check(t, s, "pack_untilize", icb, -1, fn);
+    if (block_c_index >= full_ct_dim / block_ct_dim)
+        fail(0, "model", "%s: block_c_index %u out of range [0, %u)", fn, block_c_index, full_ct_dim / block_ct_dim);
+    const tt::DataFormat fi = cb_of(t, icb).format, fo = cb_of(t, ocb).format;
+    const uint32_t ipage = cb_of(t, icb).page;
+    const uint8_t *pi = front_bytes(t, icb, 0, (uint64_t)block_ct_dim * ipage, fn);
+    const uint64_t row = (uint64_t)full_ct_dim * 32, col0 = (uint64_t)block_c_index * block_ct_dim * 32;
+    uint8_t *po = back_bytes(t, ocb, (31 * row + col0 + block_ct_dim * 32) * datum_bytes(fo), fn);
+    for (uint32_t r = 0; r < block_rt_dim; r++)
+        for (uint32_t c = 0; c < block_ct_dim; c++)
+            for (uint32_t i = 0; i < 32; i++)
+                for (uint32_t j = 0; j < 32; j++)
+                    store(fo, po, (uint32_t)(i * row + col0 + c * 32 + j),
+                          unpack_a(*t.core, icb, fi, pi + (size_t)c * ipage, tile_index(i, j)));
+}
+template <bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
+inline void pack_untilize_uninit(uint32_t ocb, ttmodel::CallLine line = ttmodel::CallLine(__builtin_LINE())) {
+    using namespace ttmodel;
+    Thread &t = self(line.v);
+    ComputeState &s = started(t, "pack_untilize_uninit");
+    cb_of(t, ocb);
+    if (!s.untilize_active) fail(5, "init", "pack_untilize_uninit(%u) without pack_untilize_init", ocb);
+    s.untilize_active = false;
 }
 
 #endif /* OPGEN_TTMETAL_MODEL_COMPUTE_H */
