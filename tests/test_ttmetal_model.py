@@ -1422,7 +1422,9 @@ void kernel_main() {
         tilize_block(cb_x, Wt, cb_t);
         cb_push_back(cb_t, Wt);
         cb_pop_front(cb_x, Wt);
+#if RULE != 5
         tilize_uninit(cb_x, cb_t);
+#endif
 
         copy_init(cb_t);
         cb_wait_front(cb_t, Wt);
@@ -1451,7 +1453,9 @@ void kernel_main() {
         }
 #endif
         cb_push_back(cb_y, Wt);
+#if RULE != 6
         pack_untilize_uninit(cb_y);
+#endif
     }
 }
 """
@@ -1613,6 +1617,9 @@ NX_RULES = {
                "(the last one was mul_init)",
     ("tz", 4): "rule 4 (DST protocol): pack_untilize_block<16, 16>: block_ct_dim 16 exceeds DST: it holds 8 tiles "
                "(16-bit, half-sync)",
+    ("tz", 5): "rule 5 (init): copy_init after tilize_init without tilize_uninit "
+               "(the unpacker is still in tilize mode)",
+    ("tz", 6): "rule 5 (init): pack_tile after pack_untilize_init without pack_untilize_uninit",
 }
 
 
