@@ -54,9 +54,10 @@ int main(int argc, char** argv) {
     auto mesh = distributed::MeshDevice::create_unit_mesh(0);
     auto& cq = mesh->mesh_command_queue();
     std::map<std::string, std::shared_ptr<distributed::MeshBuffer>> bufs;
-    auto make = [&](const std::string& name, uint32_t page) {
+    auto make = [&](const std::string& name, uint32_t page) {  // (PAGE_<name>: the test's element size)
         const char* alias = std::getenv(("ALIAS_" + name).c_str());  // in place: the same buffer
         if (alias && bufs.count(alias)) return bufs[name] = bufs[alias];
+        if (const char* p = std::getenv(("PAGE_" + name).c_str())) page = (uint32_t)std::atoi(p);
         std::vector<uint8_t> data = slurp(in + "/" + name + ".bin");
         if (data.empty()) data.assign(page, 0xff);  // an empty tensor: one page nobody may touch (NaN)
         auto buf = distributed::MeshBuffer::create(
@@ -206,6 +207,8 @@ def run(exe: Path, op: str, args: dict[str, Any], tmp: Path, grid: tuple[int, in
     for a in v["args"]:
         if a["kind"] == "tensor" and a["dtype"].startswith("index"):
             e["OPGEN_TT_INDEX_TYPE"] = str(INDEX_TYPES[args[a["name"]].dtype.name])
+        elif a["kind"] == "tensor" and a["dtype"].startswith("any"):  # pages of the data's element size
+            e[f"PAGE_{a['name']}"] = str((1024 if a["layout"] == "tile" else 32) * args[a["name"]].dtype.itemsize)
     p = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=e)
     outs = {}
     if p.returncode in (0, 3):  # 3: the host function refused (the buffers as they are)

@@ -122,9 +122,6 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     r.call("cb_push_back", scn, "1")
 
     # compute
-    c.top = True
-    c.call("cb_wait_front", scn, "1")
-    c.top = False
     tt_, j, _ = unit_loop(c)
     c.call("cb_wait_front", mbn, "1")
     word = c.arith(ir.MulOp, c.arith(ir.SubOp, tt_, c.arith(ir.MulOp, c.arith(ir.DivOp, tt_, c.const(16)),
@@ -143,6 +140,7 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     c.call("cb_pop_front", mbn, "1")
     low.pack(res)
     c.close_loop()
+    c.call("cb_wait_front", scn, "1")  # the reader's scratch page, pushed when it is done
     c.call("cb_pop_front", scn, "1")
 
     # writer

@@ -10,7 +10,7 @@
 namespace opgen_tt {
 namespace {
 
-uint32_t opgen_tt_bits(float f) {
+[[maybe_unused]] uint32_t opgen_tt_bits(float f) {
     uint32_t u;
     std::memcpy(&u, &f, sizeof u);
     return u;
@@ -28,6 +28,61 @@ CoreRangeSet opgen_tt_cores(CoreCoord grid, uint32_t n) {
     if (full > 0) ranges.emplace_back(CoreCoord{0, 0}, CoreCoord{grid.x - 1, full - 1});
     if (rest > 0) ranges.emplace_back(CoreCoord{0, full}, CoreCoord{rest - 1, full});
     return CoreRangeSet(ranges);
+}
+
+/* the owner-computes plan of a scatter-add (ttk.scatter_plan in opgen/ttmetal/dialect.py) */
+template <typename I>
+int opgen_tt_plan_from(const std::vector<uint8_t>& raw, uint32_t n, uint32_t rows, std::vector<uint32_t>& plan,
+                       const char* what) {
+    if (raw.size() < (size_t)n * sizeof(I)) return opgen_tt_error("the index tensor is smaller than its dims");
+    const I* idx = reinterpret_cast<const I*>(raw.data());
+    const uint32_t tiles = (rows + 31) / 32, heads = (tiles + 15) / 16;
+    std::vector<uint32_t> count(rows, 0), batches(tiles, 0), first(tiles, 0);
+    for (uint32_t i = 0; i < n; ++i) {
+        const long long v = (long long)idx[i];
+        if (v < 0 || v >= (long long)rows) {
+            std::fprintf(stderr, "opgen: %s: index %lld at position %u is out of range [0, %u)\n", what, v, i, rows);
+            return 1;
+        }
+        const uint32_t c = ++count[(size_t)v];
+        batches[(size_t)v / 32] = std::max(batches[(size_t)v / 32], c);
+    }
+    uint64_t pages = heads;
+    for (uint32_t t = 0; t < tiles; ++t) {
+        first[t] = (uint32_t)pages;
+        pages += batches[t];
+    }
+    if (pages > 0xFFFFFFFFull / 32) return opgen_tt_error("the scatter plan does not fit 32-bit page numbers");
+    plan.assign((size_t)std::max<uint64_t>(pages, 1) * 32, 0xFFFFFFFFu);
+    for (uint32_t t = 0; t < tiles; ++t) {
+        plan[(size_t)(t / 16) * 32 + (t % 16) * 2] = first[t];
+        plan[(size_t)(t / 16) * 32 + (t % 16) * 2 + 1] = batches[t];
+    }
+    std::fill(count.begin(), count.end(), 0);
+    for (uint32_t i = 0; i < n; ++i) {  // ascending i: each row's contributions in order
+        const size_t v = (size_t)idx[i];
+        plan[(size_t)(first[v / 32] + count[v]++) * 32 + v % 32] = i;
+    }
+    return 0;
+}
+
+/* reads the indices (blocking), refuses an out-of-range one, uploads the plan */
+[[maybe_unused]] int opgen_tt_scatter_plan(distributed::MeshDevice& mesh, const std::shared_ptr<distributed::MeshBuffer>& indices,
+                          IndexType type, uint32_t n, uint32_t rows, std::shared_ptr<distributed::MeshBuffer>& plan,
+                          const char* what) {
+    std::vector<uint8_t> raw;
+    std::shared_ptr<distributed::MeshBuffer> buf = indices;  // (the API takes a non-const reference)
+    if (n > 0) distributed::EnqueueReadMeshBuffer(mesh.mesh_command_queue(), raw, buf, true);
+    std::vector<uint32_t> words;
+    const int rc = type == IndexType::Int64   ? opgen_tt_plan_from<int64_t>(raw, n, rows, words, what)
+                   : type == IndexType::Int32 ? opgen_tt_plan_from<int32_t>(raw, n, rows, words, what)
+                                              : opgen_tt_plan_from<uint32_t>(raw, n, rows, words, what);
+    if (rc) return rc;
+    plan = distributed::MeshBuffer::create(
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)words.size() * 4},
+        distributed::DeviceLocalBufferConfig{.page_size = 128, .buffer_type = BufferType::DRAM}, &mesh);
+    distributed::EnqueueWriteMeshBuffer(mesh.mesh_command_queue(), plan, words, false);
+    return 0;
 }
 
 }  // namespace

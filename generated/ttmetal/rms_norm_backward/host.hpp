@@ -21,6 +21,9 @@
 namespace opgen_tt {
 using namespace tt::tt_metal;
 
+/* the element type of an index tensor (row layout: pages of 32 indices) */
+enum class IndexType { UInt32, Int32, Int64 };
+
 int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad_y,
     const std::shared_ptr<distributed::MeshBuffer>& x,

@@ -50,3 +50,36 @@ inline void opgen_tt_fill_row_mask(uint32_t cb, uint32_t rows) {
     opgen_tt_mask_tile(get_write_ptr(cb), rows, 32);
     cb_push_back(cb, 1);
 }
+
+/* ---- scatter-add (owner computes): gather the grad rows of one batch into a tile ----
+ * A batch page holds 32 source rows (uint32; OPGEN_TT_NO_ROW = none): source row src goes to row r
+ * of the batch tile, whose other rows are zero. Rows are read from the tile-layout grad tensor,
+ * column tile j (`wt` tiles a row of tiles), as two 16-element transfers (faces 0/1 or 2/3). */
+constexpr uint32_t OPGEN_TT_NO_ROW = 0xFFFFFFFFu;
+
+template <typename Accessor>
+inline void opgen_tt_gather_rows(const Accessor& grad, uint32_t l1_tile, uint32_t tile_bytes,
+                                 const volatile tt_l1_ptr uint32_t* batch, uint32_t j, uint32_t wt) {
+    volatile tt_l1_ptr uint32_t* zero = reinterpret_cast<volatile tt_l1_ptr uint32_t*>(l1_tile);
+    for (uint32_t i = 0; i < tile_bytes / 4; ++i) zero[i] = 0;
+    const uint32_t elem = tile_bytes / 1024, half = 16 * elem;
+    for (uint32_t r = 0; r < 32; ++r) {
+        const uint32_t src = batch[r];
+        if (src == OPGEN_TT_NO_ROW) continue;
+        const uint32_t tile = (src / 32) * wt + j, s = src % 32;
+        for (uint32_t h = 0; h < 2; ++h) {
+            const uint32_t from = (((s / 16) * 2 + h) * 256 + (s % 16) * 16) * elem;
+            const uint32_t to = (((r / 16) * 2 + h) * 256 + (r % 16) * 16) * elem;
+            noc_async_read(grad.get_noc_addr(tile, from), l1_tile + to, half);
+        }
+    }
+    noc_async_read_barrier();
+}
+
+/* word i of an L1 page (plan headers) and the page as words (plan batches) */
+inline uint32_t opgen_tt_l1_word(uint32_t l1_addr, uint32_t i) {
+    return reinterpret_cast<volatile tt_l1_ptr uint32_t*>(l1_addr)[i];
+}
+inline volatile tt_l1_ptr uint32_t* opgen_tt_l1_words(uint32_t l1_addr) {
+    return reinterpret_cast<volatile tt_l1_ptr uint32_t*>(l1_addr);
+}
