@@ -111,7 +111,8 @@ def main_cpp(man: dict) -> str:
             lines.append(f"        const uint32_t {d} = (uint32_t)std::strtoul(argv[{7 + i}], nullptr, 10);")
         s = 0
         if v["index_dtype_param"]:
-            lines.append('        const auto index_dtype = (opgen_tt::IndexType)std::atoi(std::getenv("OPGEN_TT_INDEX_TYPE"));')
+            lines.append('        const auto index_dtype = '
+                         '(opgen_tt::IndexType)std::atoi(std::getenv("OPGEN_TT_INDEX_TYPE"));')
             lines.append('        const uint32_t index_page = index_dtype == opgen_tt::IndexType::Int64 ? 256 : 128;')
         for a in v["args"]:
             if a["kind"] == "tensor":

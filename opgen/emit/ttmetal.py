@@ -229,8 +229,9 @@ class HostPrinter(Scalars):
     def host_op(self, op: Operation) -> None:
         if isinstance(op, k.ScatterPlanOp):
             self.line(f"std::shared_ptr<distributed::MeshBuffer> {op.sym.data};")
-            self.line(f"if (int rc = opgen_tt_scatter_plan(mesh, {op.indices.data}, index_dtype, (uint32_t){self.name(op.n)}, "
-                      f'(uint32_t){self.name(op.rows)}, {op.sym.data}, "{self.p.sym_name.data}")) return rc;')
+            call = (f"opgen_tt_scatter_plan(mesh, {op.indices.data}, index_dtype, (uint32_t){self.name(op.n)}, "
+                    f'(uint32_t){self.name(op.rows)}, {op.sym.data}, "{self.p.sym_name.data}")')
+            self.line(f"if (int rc = {call}) return rc;")
         elif isinstance(op, k.ReturnIfOp):
             self.line(f"if ({self.name(op.cond)}) return 0;  // every output is empty")
         elif isinstance(op, k.CheckOp):
