@@ -30,7 +30,7 @@ from tests.ttmetal_model import build as model_build
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "build" / "ttmetal-tests"
 CHECKER = REPO.parent / "shared" / "tools" / "tt-kernel-check"
-SUPPORTED = ("rms_norm_backward", "embedding_bw")
+SUPPORTED = ("rms_norm_backward", "embedding_bw", "embedding_dense_backward")
 
 pytestmark = pytest.mark.skipif(model_build.cxx() is None, reason="no g++")
 
@@ -166,8 +166,7 @@ def test_rows_too_long_for_l1_use_the_column_chunk_schedule(rms_exe, tmp_path, T
 
 
 # ------------------------------------------------------------------------ unsupported
-@pytest.mark.parametrize("op", ["embedding_backward", "embedding_dense_backward",
-                                "fused_linear_cross_entropy_loss_grad"])
+@pytest.mark.parametrize("op", ["embedding_backward", "fused_linear_cross_entropy_loss_grad"])
 def test_ops_the_backend_cannot_lower_say_what(op):
     with pytest.raises(TileUnsupported) as e:
         ttmetal.op_sources(registry.get(op))
@@ -315,3 +314,58 @@ def test_embedding_bw_refuses_out_of_range_indices_before_writing(ebw_exe, tmp_p
     assert proc.returncode == 3, proc.stderr
     assert f"index {bad} at position 17 is out of range [0, 9)" in proc.stderr
     assert outs["out"].tobytes() == a["out"].tobytes(), "the output was written"
+
+
+@pytest.fixture(scope="module")
+def edb_exe() -> Path:
+    return runner.build("embedding_dense_backward", OUT / "embedding_dense_backward")
+
+
+def test_embedding_dense_backward_on_the_model(edb_exe, tmp_path):
+    """Per-row factors of a scatter-add (padding_idx rows get nothing, scale_grad_by_freq divides
+    by the row's count) evaluated by the host plan: against the oracle for integer index dtypes,
+    bf16/f32, batch dims, N = 0; the same bits on 1 and 64 cores."""
+    from tests.cpu_cases import edb_args
+
+    o = registry.get("embedding_dense_backward")
+    rng = np.random.default_rng(23)
+    failures = []
+    cases = []
+    for T in ("bf16", "f32"):
+        for IDX in ("u8", "i8", "i16", "i32", "i64"):
+            for scale, pad in ((True, 3), (False, -1), (True, 0)):
+                cases.append((f"{T}-{IDX}-{scale}-{pad}", edb_args(rng, T, IDX, (3, 5), 40, 37, pad, scale)))
+        cases.append((f"{T}-empty", edb_args(rng, T, "i32", (0,), 9, 11, 3, True)))
+        cases.append((f"{T}-wide", edb_args(rng, T, "i64", (70,), 65, 5, 2, True)))
+    for name, a in cases:
+        ref = oracle.run(o, **{k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in a.items()})
+        runs = {}
+        for g in ((8, 8), (1, 1)):
+            proc, outs = runner.run(edb_exe, "embedding_dense_backward", a, tmp_path / f"{name}-{g[0]}", grid=g)
+            assert proc.returncode == 0, f"{name} on {g}: {proc.stderr[-3000:]}"
+            runs[g] = outs["out"]
+        try:
+            assert_c_close(runs[(8, 8)], ref["out"], f"{name}.out")
+        except AssertionError as e:
+            failures.append(str(e))
+        if runs[(1, 1)].tobytes() != runs[(8, 8)].tobytes():
+            failures.append(f"{name}: 1 core differs from 64")
+    assert not failures, "\n".join(failures)
+
+
+def test_embedding_dense_backward_refuses_bad_sizes_and_indices(edb_exe, tmp_path):
+    from tests.cpu_cases import edb_args
+
+    a = edb_args(np.random.default_rng(3), "f32", "i32", (3, 5), 8, 11, 3, True)
+    a["num_weights"] = 12  # out has 11 rows
+    with pytest.raises(OpError):
+        oracle.run(registry.get("embedding_dense_backward"), **{k: np.copy(v) if isinstance(v, np.ndarray) else v
+                                                                for k, v in a.items()})
+    proc, outs = runner.run(edb_exe, "embedding_dense_backward", a, tmp_path / "size")
+    assert proc.returncode == 3 and "num_weights differs from the tensors' V" in proc.stderr, proc.stderr
+    assert outs["out"].tobytes() == a["out"].tobytes()
+    a["num_weights"] = 11
+    a["indices"].reshape(-1)[4] = 11
+    proc, outs = runner.run(edb_exe, "embedding_dense_backward", a, tmp_path / "index")
+    assert proc.returncode == 3 and "index 11 at position 4 is out of range [0, 11)" in proc.stderr, proc.stderr
+    assert outs["out"].tobytes() == a["out"].tobytes()

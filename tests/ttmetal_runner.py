@@ -27,7 +27,7 @@ from tests.ttmetal_model import build as model_build
 REPO = Path(__file__).resolve().parent.parent
 NP = {"bf16": ml_dtypes.bfloat16, "f32": np.float32}
 #: opgen_tt::IndexType of a numpy index dtype
-INDEX_TYPES = {"uint32": 0, "int32": 1, "int64": 2}
+INDEX_TYPES = {"uint32": 0, "int32": 1, "int64": 2, "int16": 3, "int8": 4, "uint8": 5}
 
 MAIN = r"""// runner: argv = kernel_dir variant in_dir out_dir grid_x grid_y dims... scalars...
 #include <cstdio>
@@ -113,13 +113,16 @@ def main_cpp(man: dict) -> str:
         if v["index_dtype_param"]:
             lines.append('        const auto index_dtype = '
                          '(opgen_tt::IndexType)std::atoi(std::getenv("OPGEN_TT_INDEX_TYPE"));')
-            lines.append('        const uint32_t index_page = index_dtype == opgen_tt::IndexType::Int64 ? 256 : 128;')
+            lines.append('        const uint32_t index_page = 32 * opgen_tt::index_size(index_dtype);')
         for a in v["args"]:
             if a["kind"] == "tensor":
                 page = a["page_size"] if isinstance(a["page_size"], int) else "index_page"
                 lines.append(f'        auto {a["name"]} = make("{a["name"]}", {page});')
             else:
-                lines.append(f'        const float {a["name"]} = std::strtof(argv[{7 + ndims + s}], nullptr);')
+                parse = {"f32": "std::strtof(argv[{i}], nullptr)", "bool": "std::atoi(argv[{i}]) != 0"}.get(
+                    a["dtype"], "std::strtoll(argv[{i}], nullptr, 10)")
+                ctype = {"f32": "float", "bool": "bool"}.get(a["dtype"], "int64_t")
+                lines.append(f'        const {ctype} {a["name"]} = {parse.format(i=7 + ndims + s)};')
                 s += 1
             args.append(a["name"])
         if v["index_dtype_param"]:
@@ -170,11 +173,16 @@ def from_layout(flat: np.ndarray, r: int, c: int, layout: str) -> np.ndarray:
     return flat.reshape(r, -(-c // 32) * 32)[:, :c]
 
 
-def as_2d(shape: tuple[int, ...]) -> tuple[int, int]:
-    """[..., D] tensors as [prod(...), D]; [D] as [1, D] (one row of tiles)."""
-    if len(shape) == 1:
-        return 1, shape[0]
+def as_2d(shape: tuple[int, ...], rank: int = 2) -> tuple[int, int]:
+    """A tensor of ``rank`` dims in the program (leading batch dims flattened) as 2-d: [..., D]
+    as [prod(...), D]; a 1-d one as [1, prod(shape)] (one row)."""
+    if rank == 1:
+        return 1, int(np.prod(shape))
     return int(np.prod(shape[:-1])), shape[-1]
+
+
+def _scalar(x: Any, dtype: str) -> str:
+    return repr(float(x)) if dtype == "f32" else str(int(bool(x)) if dtype == "bool" else int(x))
 
 
 def run(exe: Path, op: str, args: dict[str, Any], tmp: Path, grid: tuple[int, int] = (8, 8),
@@ -196,14 +204,14 @@ def run(exe: Path, op: str, args: dict[str, Any], tmp: Path, grid: tuple[int, in
         if a["kind"] != "tensor":
             continue
         x = args[a["name"]]
-        r, c = as_2d(x.shape)
+        r, c = as_2d(x.shape, len(a["shape"]))
         for sym, n in zip(a["shape"][-2:] if len(a["shape"]) > 1 else a["shape"], (r, c)[-len(a["shape"]):],
                           strict=True):
             dims[sym] = n
         to_layout(x.reshape(r, c), a["layout"]).tofile(in_dir / f"{a['name']}.bin")
     argv = [str(exe), str(exe.parent / "src"), v["variant"], str(in_dir), str(out_dir), str(grid[0]), str(grid[1]),
             *(str(dims[d]) for d in v["dims"]),
-            *(repr(float(args[a["name"]])) for a in v["args"] if a["kind"] == "scalar")]
+            *(_scalar(args[a["name"]], a["dtype"]) for a in v["args"] if a["kind"] == "scalar")]
     e = dict(os.environ, **(env or {}), **{f"ALIAS_{k}": w for k, w in (alias or {}).items()})
     for a in v["args"]:
         if a["kind"] == "tensor" and a["dtype"].startswith("index"):
@@ -216,7 +224,7 @@ def run(exe: Path, op: str, args: dict[str, Any], tmp: Path, grid: tuple[int, in
         for a in v["args"]:
             if a["kind"] == "tensor":
                 x = args[a["name"]]
-                r, c = as_2d(x.shape)
+                r, c = as_2d(x.shape, len(a["shape"]))
                 flat = np.fromfile(out_dir / f"{a['name']}.bin", dtype=x.dtype)
                 outs[a["name"]] = from_layout(flat, r, c, a["layout"]).reshape(x.shape) if x.size else \
                     np.empty(x.shape, x.dtype)

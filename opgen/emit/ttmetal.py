@@ -159,9 +159,10 @@ class KernelPrinter(Scalars):
 class HostPrinter(Scalars):
     """One ``ttk.program`` -> its host function (tt-metal host API, distributed mesh queue)."""
 
-    def __init__(self, prog: k.ProgramOp, fn: str):
+    def __init__(self, prog: k.ProgramOp, fn: str, sizes: dict[str, str] | None = None):
         super().__init__("int64_t")
         self.p, self.fn = prog, fn
+        self.sizes = sizes or {}  # size parameters (num_weights) and the dim each must equal
         self.core_dep: set[SSAValue] = set()
 
     def special(self, op: Operation, a: list[str]) -> str:
@@ -175,6 +176,8 @@ class HostPrinter(Scalars):
             return f"(int64_t){op.arg.data}->address()"
         if isinstance(op, k.ScalarArgOp):
             return op.arg.data
+        if isinstance(op, k.SegPrefixOp):
+            return f"(int64_t)prefix[(size_t)({a[0]})]"
         if isinstance(op, k.BitsOp):
             return f"(int64_t)opgen_tt_bits({a[0]})"
         raise NotImplementedError(op.name)
@@ -187,14 +190,20 @@ class HostPrinter(Scalars):
         for n, kd in zip(self.p.arg_names.data, self.p.arg_kinds.data, strict=True):
             if n.data == "workspace":
                 continue
+            ty = self.p.arg_types.data[[a.data for a in self.p.arg_names.data].index(n.data)]
+            ctype = {"bool": "bool", "f32": "float", "f64": "double"}.get(getattr(ty, "dtype", "f32"), "int64_t")
             out.append(f"const std::shared_ptr<distributed::MeshBuffer>& {n.data}" if kd.data == "tensor"
-                       else f"float {n.data}")
+                       else f"{ctype} {n.data}")
         if any(isinstance(o, k.ScatterPlanOp) for o in self.p.walk()):
             out.append("IndexType index_dtype")
         return out + [f"uint32_t {d}" for d in self.dims()]
 
     def print(self) -> str:
         launches = [o for o in self.p.body.block.ops if isinstance(o, k.LaunchOp)]
+        for param, dim in sorted(self.sizes.items()):
+            if dim in self.dims():
+                self.line(f"if ((int64_t){param} != (int64_t){dim}) return opgen_tt_error(\"{self.p.sym_name.data}: "
+                          f"{param} differs from the tensors' {dim}\");")
         # every launch's scalars and checks first: nothing is enqueued unless all launches can run
         for ln in launches:
             for op in ln.body.block.ops:
@@ -228,9 +237,20 @@ class HostPrinter(Scalars):
 
     def host_op(self, op: Operation) -> None:
         if isinstance(op, k.ScatterPlanOp):
+            v = op.row_fn.block.args[0]
+            self.names[v] = "v"
+            self.line("const auto row_fn = [&](int64_t v, const std::vector<uint32_t>& prefix) {")
+            self.indent += 1
+            for o in op.row_fn.block.ops:
+                if isinstance(o, k.RowYieldOp):
+                    self.line(f"return std::pair<bool, float>{{{self.name(o.keep)}, {self.name(o.factor)}}};")
+                else:
+                    self.define(o)
+            self.indent -= 1
+            self.line("};")
             self.line(f"std::shared_ptr<distributed::MeshBuffer> {op.sym.data};")
             call = (f"opgen_tt_scatter_plan(mesh, {op.indices.data}, index_dtype, (uint32_t){self.name(op.n)}, "
-                    f'(uint32_t){self.name(op.rows)}, {op.sym.data}, "{self.p.sym_name.data}")')
+                    f'(uint32_t){self.name(op.rows)}, {op.sym.data}, "{self.p.sym_name.data}", row_fn)')
             self.line(f"if (int rc = {call}) return rc;")
         elif isinstance(op, k.ReturnIfOp):
             self.line(f"if ({self.name(op.cond)}) return 0;  // every output is empty")
@@ -339,7 +359,7 @@ def schedule_name(prog: k.ProgramOp) -> str:
     return "streamed" if prog.sym_name.data.endswith(".streamed") else "resident"
 
 
-def emit(module: ModuleOp, op_name: str) -> dict[str, str]:
+def emit(module: ModuleOp, op_name: str, sizes: dict[str, str] | None = None) -> dict[str, str]:
     """Files of one op's folder ``generated/ttmetal/<op>/``: per variant its kernels
     (``<variant>/<role>_<launch>.cpp``), the support header, ``host.cpp`` / ``host.hpp``
     and ``manifest.json``."""
@@ -358,7 +378,7 @@ def emit(module: ModuleOp, op_name: str) -> dict[str, str]:
         for prog in progs:
             var = prog.sym_name.data
             impl = f"{function_name(prog)}_{schedule_name(prog)}"
-            hp = HostPrinter(prog, impl)
+            hp = HostPrinter(prog, impl, sizes)
             entry = {"variant": var, "schedule": schedule_name(prog),
                      "index_dtype_param": any(isinstance(o, k.ScatterPlanOp) for o in prog.walk()),
                      "dtypes": {n: a.data for n, a in prog.dtype_vars.data.items()},
@@ -412,4 +432,7 @@ def op_sources(o) -> dict[str, str]:
         raise
     if not programs(m):
         raise TileUnsupported(o.name, "any of its dtype instances (TT-Metal computes bf16 and f32)")
-    return {f"ttmetal/{o.name}/{p}": text for p, text in emit(m, o.name).items()}
+    from opgen.dsl.spec import SizeSpec
+
+    sizes = {p.name: p.spec.dim.name for p in o.signature.params if isinstance(p.spec, SizeSpec)}
+    return {f"ttmetal/{o.name}/{p}": text for p, text in emit(m, o.name, sizes).items()}

@@ -32,7 +32,7 @@ from xdsl.irdl import (
     var_operand_def,
     var_result_def,
 )
-from xdsl.traits import IsolatedFromAbove, NoTerminator, Pure
+from xdsl.traits import IsolatedFromAbove, IsTerminator, NoTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
 from opgen.ir.dialect import TensorType
@@ -125,15 +125,15 @@ class BufferAddrOp(IRDLOperation):
 
 @irdl_op_definition
 class ScalarArgOp(IRDLOperation):
-    """Host: a float argument of the op (``eps``), as f32."""
+    """Host: a scalar argument of the op (``eps``, ``padding_idx``), of its own type."""
 
     name = "ttk.scalar_arg"
     arg = prop_def(StringAttr)
     result = result_def(TensorType)
     traits = traits_def(Pure())
 
-    def __init__(self, arg: str):
-        super().__init__(properties={"arg": StringAttr(arg)}, result_types=[F32])
+    def __init__(self, arg: str, type_: Attribute = F32):
+        super().__init__(properties={"arg": StringAttr(arg)}, result_types=[type_])
 
 
 @irdl_op_definition
@@ -169,17 +169,49 @@ class ScatterPlanOp(IRDLOperation):
     indices into ``rows`` table rows). It reads the indices (one blocking read), returns an index
     error before any launch if one is out of range, and uploads DRAM buffer ``sym``: pages of 32
     uint32 — first, per 32-row table tile T, at page T/16 words 2(T%16) and 2(T%16)+1, its first
-    batch page and its batch count; then the batches: for each table row of the tile, the source
-    row of its k-th contribution in ascending order (or 0xFFFFFFFF)."""
+    page and its batch count; at the first page, the tile's 32 row factors (f32); then the
+    batches: for each table row of the tile, the source row of its k-th contribution in
+    ascending order (or 0xFFFFFFFF). ``row_fn`` (block argument: the table row) says which rows
+    keep their contributions and their factors (``ttk.row_yield``)."""
 
     name = "ttk.scatter_plan"
     indices = prop_def(StringAttr)
     sym = prop_def(StringAttr)
     n = operand_def(TensorType)
     rows = operand_def(TensorType)
+    row_fn = region_def("single_block")
 
-    def __init__(self, indices: str, sym: str, n: SSAValue, rows: SSAValue):
-        super().__init__(operands=[n, rows], properties={"indices": StringAttr(indices), "sym": StringAttr(sym)})
+    def __init__(self, indices: str, sym: str, n: SSAValue, rows: SSAValue, row_fn: Region):
+        super().__init__(operands=[n, rows], properties={"indices": StringAttr(indices), "sym": StringAttr(sym)},
+                         regions=[row_fn])
+
+
+@irdl_op_definition
+class SegPrefixOp(IRDLOperation):
+    """Host, in a scatter plan's row function: how many indices are below table row ``row``
+    (so ``prefix(v + 1) - prefix(v)`` is row v's count)."""
+
+    name = "ttk.seg_prefix"
+    row = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, row: SSAValue):
+        super().__init__(operands=[row], result_types=[INDEX])
+
+
+@irdl_op_definition
+class RowYieldOp(IRDLOperation):
+    """Terminator of a scatter plan's row function: whether table row v keeps its contributions
+    (``keep``, bool) and the factor its sum is multiplied by (``factor``, f32)."""
+
+    name = "ttk.row_yield"
+    keep = operand_def(TensorType)
+    factor = operand_def(TensorType)
+    traits = traits_def(IsTerminator())
+
+    def __init__(self, keep: SSAValue, factor: SSAValue):
+        super().__init__(operands=[keep, factor])
 
 
 @irdl_op_definition
@@ -332,4 +364,4 @@ class CallOp(IRDLOperation):
 
 
 Ttk = Dialect("ttk", [ProgramOp, LaunchOp, CoresOp, CoreIndexOp, BufferAddrOp, ScalarArgOp, BitsOp, WorkspaceOp,
-                      ScatterPlanOp, ReturnIfOp, CheckOp, CbOp, KernelOp, ArgOp, AccessorOp, CallOp], [])
+                      ScatterPlanOp, SegPrefixOp, RowYieldOp, ReturnIfOp, CheckOp, CbOp, KernelOp, ArgOp, AccessorOp, CallOp], [])

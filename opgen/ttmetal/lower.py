@@ -342,8 +342,8 @@ class Lowering:
         if v in self.hmap:
             return self.hmap[v]
         op = v.owner
-        if v in self.arg_of and kind(v) == "float":
-            r = self.host_op(k.ScalarArgOp(self.arg_of[v]))
+        if v in self.arg_of and kind(v) in ("float", "index"):
+            r = self.host_op(k.ScalarArgOp(self.arg_of[v], v.type))
         elif isinstance(op, Block):
             raise TtUnsupported(self.name, "a loop variable on the host")
         elif isinstance(op, t.ParamOp):

@@ -17,48 +17,172 @@ short or narrow:
   row sums its contributions in ascending n, on any number of cores (bitwise identical);
 * the writer writes the tile (zero where nothing hit).
 
-Each grad row is read once per column tile. Handled: the plain sum (embedding_bw). Per-row
-factors (scale_grad_by_freq, padding_idx, alpha) and initial tables are not lowered yet.
+Each grad row is read once per column tile. A contribution of the form
+``select(keep(row), grad_row * factor(row), 0)`` (padding_idx, scale_grad_by_freq) keeps its
+per-row scalars: the plan's row function evaluates them per table row on the host (a row not
+kept gets no contributions) and the tile's sums are multiplied by their factors (a column-0 tile
+the reader builds) before the pack. Initial tables (embedding_backward's accumulate) are not
+lowered yet.
 """
 
 from __future__ import annotations
 
-from xdsl.ir import SSAValue
+from xdsl.ir import Block, Region, SSAValue
 
 from opgen.ir import dialect as ir
 from opgen.tile import dialect as t
 from opgen.ttmetal import dialect as k
+from opgen.tile.dialect import INDEX
 from opgen.ttmetal.lower import TILE, TILE_BYTES, Lowering, TtUnsupported
 
 #: the plan's pages: 32 uint32
 PLAN_PAGE = 128
 
 
-def _pattern(low: Lowering) -> tuple[str, str, str, str, str]:
-    """(indices, grad, out, N dim, table-rows dim) of a plain scatter-add kernel, or TtUnsupported."""
+def _strip(v: SSAValue) -> SSAValue:
+    while isinstance(v.owner, ir.CastOp | ir.BroadcastOp) and ir.tensor_type(v.owner.operands[0]).shape == \
+            ir.tensor_type(v).shape:
+        v = v.owner.operands[0]
+    while isinstance(v.owner, ir.CastOp):
+        v = v.owner.operands[0]
+    return v
+
+
+def _scalar_of(v: SSAValue) -> SSAValue | None:
+    """The scalar a broadcast of a scalar broadcasts, else None."""
+    if isinstance(v.owner, ir.BroadcastOp) and ir.tensor_type(v.owner.operands[0]).shape == ():
+        return v.owner.operands[0]
+    return None
+
+
+def _is_zero(v: SSAValue) -> bool:
+    s = _scalar_of(v)
+    return s is not None and isinstance(s.owner, ir.ConstantOp) and float(s.owner.value.value.data) == 0.0
+
+
+def _pattern(low: Lowering) -> tuple[str, str, str, str, str, list[SSAValue], list[SSAValue], t.AddRowOp]:
+    """(indices, grad, out, N dim, table-rows dim, keep conditions, factors, the add) of a
+    scatter-add whose contribution is ``select(keep, row * factor, 0)`` with per-row scalars
+    (any of them absent), or TtUnsupported."""
     segs = [o for o in low.k.walk() if isinstance(o, t.SegmentsOp)]
     adds = [o for o in low.k.walk() if isinstance(o, t.AddRowOp)]
     outs = [o for o in low.k.walk() if isinstance(o, t.CopyOutOp)]
     ins = [o for o in low.k.walk() if isinstance(o, t.CopyInOp)]
     plain = len(segs) == len(adds) == len(outs) == len(ins) == 1
+    keep: list[SSAValue] = []
+    factors: list[SSAValue] = []
     if plain:
-        v = adds[0].value
-        while isinstance(v.owner, ir.CastOp):
-            v = v.owner.operands[0]
-        zero = [f.inits[0].owner for f in low.k.walk() if isinstance(f, t.ForOp) and f.inits
+        v = _strip(adds[0].value)
+        while isinstance(v.owner, ir.SelectOp) and _is_zero(v.owner.operands[2]) and \
+                _scalar_of(v.owner.operands[0]) is not None:
+            keep.append(_scalar_of(v.owner.operands[0]))
+            v = _strip(v.owner.operands[1])
+        while isinstance(v.owner, ir.MulOp):
+            a, b = v.owner.operands
+            if _scalar_of(b) is not None:
+                factors.append(_scalar_of(b))
+                v = _strip(a)
+            elif _scalar_of(a) is not None:
+                factors.append(_scalar_of(a))
+                v = _strip(b)
+            else:
+                break
+        zero = [f.inits[0] for f in low.k.walk() if isinstance(f, t.ForOp) and f.inits
                 and isinstance(f.inits[0].owner, ir.BroadcastOp)]
-        plain = v.owner is ins[0] and len(zero) == 1 and isinstance(zero[0].operands[0].owner, ir.ConstantOp) \
-            and float(zero[0].operands[0].owner.value.value.data) == 0.0
+        plain = v.owner is ins[0] and len(zero) == 1 and _is_zero(zero[0])
     if not plain or segs[0].idx not in low.arg_of or ins[0].src not in low.arg_of or outs[0].dst not in low.arg_of:
-        raise TtUnsupported(low.name, "scatter-adds with per-row factors or an initial table "
-                                      "(embedding_dense_backward, embedding_backward): only plain sums are lowered")
+        raise TtUnsupported(low.name, "scatter-adds onto an initial table or with contributions other than "
+                                      "select(keep(row), grad_row * factor(row), 0) (embedding_backward)")
     idx, grad, out = (low.arg_of[x] for x in (segs[0].idx, ins[0].src, outs[0].dst))
-    return idx, grad, out, low.args[grad].type.shape[0], low.args[out].type.shape[0]
+    return idx, grad, out, low.args[grad].type.shape[0], low.args[out].type.shape[0], keep, factors, adds[0]
+
+
+def _row_fn(low: Lowering, add: t.AddRowOp, keep: list[SSAValue], factors: list[SSAValue]) -> Region:
+    """The plan's row function: ``keep`` and ``factor`` of table row v, the tile level's scalars
+    re-evaluated with the row walk fixed at v (one block of all rows: row v = tile v/32, row v%32
+    of it; ``tile.seg_start(x)`` = the prefix count at x)."""
+    block = Block(arg_types=[INDEX])
+    v = block.args[0]
+    out: dict[SSAValue, SSAValue] = {}
+
+    def emit(op):
+        block.add_op(op)
+        return op.results[0] if op.results else None
+
+    loops = []
+    p = add.parent_op()
+    while p is not None and not isinstance(p, t.KernelOp):
+        if isinstance(p, t.ForOp):
+            loops.append(p)
+        p = p.parent_op()
+    # innermost first: p (positions), r (rows of the tile), t (row tiles), b (blocks over cores)
+    if len(loops) != 4:
+        raise TtUnsupported(low.name, "a scatter-add walk of another shape")
+    _, r_loop, t_loop, b_loop = loops
+    c32 = emit(ir.ConstantOp(TILE, "i64"))
+    tv = emit(ir.DivOp(v, c32))
+    out[r_loop.iv] = emit(ir.SubOp(v, emit(ir.MulOp(tv, c32))))
+    out[t_loop.iv] = tv
+    out[b_loop.iv] = emit(ir.ConstantOp(0, "i64"))
+
+    def val(x: SSAValue) -> SSAValue:
+        if x in out:
+            return out[x]
+        op = x.owner
+        if x in low.arg_of:
+            r = emit(k.ScalarArgOp(low.arg_of[x], x.type))
+        elif isinstance(op, Block):
+            raise TtUnsupported(low.name, "a per-row factor that depends on the position")
+        elif isinstance(op, t.ParamOp):
+            name = op.param.data
+            if name == "rows":
+                r = c32
+            elif name == "seg_rows":  # one block of every row
+                r = emit(ir.DimOp(_rows_dim(low)))
+            else:
+                raise TtUnsupported(low.name, f"a per-row factor reading the tiling parameter {name}")
+        elif isinstance(op, t.SegStartOp):
+            r = emit(k.SegPrefixOp(val(op.row)))
+        elif isinstance(op, (ir.ConstantOp, ir.DimOp, ir.AddOp, ir.SubOp, ir.MulOp, ir.DivOp, ir.MinOp, ir.MaxOp,
+                             ir.CmpOp, ir.SelectOp, ir.CastOp, ir.AndOp, ir.OrOp, ir.NotOp)):
+            c = op.clone_without_regions()
+            for i, o in enumerate(op.operands):
+                c.operands[i] = val(o)
+            r = emit(c)
+        else:
+            raise TtUnsupported(low.name, f"a per-row factor computed with {op.name}")
+        out[x] = r
+        return r
+
+    k_ = emit(ir.ConstantOp(1, "bool"))
+    for cnd in keep:
+        k_ = emit(ir.AndOp(k_, val(cnd)))
+    f_ = emit(ir.ConstantOp(1.0, "f32"))
+    for fac in factors:
+        fv = val(fac)
+        if ir.tensor_type(fv).dtype != "f32":
+            fv = emit(ir.CastOp(fv, "f32"))
+        f_ = emit(ir.MulOp(f_, fv))
+    block.add_op(k.RowYieldOp(k_, f_))
+    changed = True
+    while changed:  # drop what neither keep nor factor uses
+        changed = False
+        for o in reversed(list(block.ops)):
+            if o.results and all(not r.uses for r in o.results):
+                o.detach()
+                o.erase()
+                changed = True
+    return Region(block)
+
+
+def _rows_dim(low: Lowering) -> str:
+    segs = next(o for o in low.k.walk() if isinstance(o, t.SegmentsOp))
+    return low.k.attributes["indices"].data[low.arg_of[segs.idx]].data[0].data
 
 
 def lower_scatter(low: Lowering) -> k.LaunchOp:
     """The launch of a plain scatter-add (see the module docstring)."""
-    idx, grad, out, n_dim, v_dim = _pattern(low)
+    idx, grad, out, n_dim, v_dim, keep, factors, add = _pattern(low)
     gm_grad, gm_out = low.args[grad], low.args[out]
     fmt_in, fmt_out = low.gm_format(gm_grad), low.gm_format(gm_out)
     units = {}
@@ -69,14 +193,17 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
         return low.host_op(ir.MulOp(vt, wt))
 
     launch = low.begin_launch(0, host_units)
-    low.host_op(k.ScatterPlanOp(idx, "plan", low.host_op(ir.DimOp(n_dim)), low.host_op(ir.DimOp(v_dim))))
+    low.host_op(k.ScatterPlanOp(idx, "plan", low.host_op(ir.DimOp(n_dim)), low.host_op(ir.DimOp(v_dim)),
+                                _row_fn(low, add, keep, factors)))
     r, c, w = low.r, low.c, low.w
     mb = low.cb("UInt32", 1, "plan header of the unit's table tile (batch count for compute)", "in")
     scratch = low.cb("UInt32", 1, "the reader's plan page", "in")
     batch = low.cb(fmt_in, 2, "gathered grad rows (one batch)", "in")
+    fac = low.cb("Float32", 1, "the table tile's row factors (column 0)", "in")
+    low.copied.add(fac)
     res = low.cb(fmt_out, 2, f"{out} (out)", "out")
     low.copied.add(batch)
-    mbn, scn, bn, on = (f"tt::CBIndex::c_{i}" for i in (mb, scratch, batch, res))
+    mbn, scn, bn, on, fn = (f"tt::CBIndex::c_{i}" for i in (mb, scratch, batch, res, fac))
 
     def dim(b, d: str) -> SSAValue:
         return b.val(_dim(low, d))
@@ -110,7 +237,12 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     first = r.call("opgen_tt_l1_word", hdr, word, result=True)
     nb = r.call("opgen_tt_l1_word", hdr, r.arith(ir.AddOp, word, r.const(1)), result=True)
     r.call("cb_push_back", mbn, "1")
-    b = r.open_loop(r.const(0), nb, r.const(1), "b")
+    r.call("noc_async_read_page", first, plan, scratch_l1)  # the row factors: column 0 of a tile
+    r.call("noc_async_read_barrier")
+    r.call("cb_reserve_back", fn, "1")
+    r.call("opgen_tt_col_tile", r.call("get_write_ptr", fn, result=True), scratch_l1)
+    r.call("cb_push_back", fn, "1")
+    b = r.open_loop(r.const(1), r.arith(ir.AddOp, nb, r.const(1)), r.const(1), "b")
     r.call("noc_async_read_page", r.arith(ir.AddOp, first, b), plan, scratch_l1)
     r.call("noc_async_read_barrier")
     r.call("cb_reserve_back", bn, "1")
@@ -136,6 +268,10 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
                  ("cb_pop_front", bn, "1")):
         c.call(*call)
     c.close_loop()
+    for call in (("cb_wait_front", fn, "1"), ("reconfig_data_format_srca", fn), ("unary_bcast_init", fn),
+                 ("unary_bcast", fn, "0", "1"), ("mul_binary_tile_init",), ("mul_binary_tile", "0", "1", "0"),
+                 ("cb_pop_front", fn, "1")):
+        c.call(*call, template=("BroadcastType::COL",) if call[0].startswith("unary_bcast") else ())
     c.call("tile_regs_commit")
     c.call("cb_pop_front", mbn, "1")
     low.pack(res)
