@@ -364,4 +364,5 @@ class CallOp(IRDLOperation):
 
 
 Ttk = Dialect("ttk", [ProgramOp, LaunchOp, CoresOp, CoreIndexOp, BufferAddrOp, ScalarArgOp, BitsOp, WorkspaceOp,
-                      ScatterPlanOp, SegPrefixOp, RowYieldOp, ReturnIfOp, CheckOp, CbOp, KernelOp, ArgOp, AccessorOp, CallOp], [])
+                      ScatterPlanOp, SegPrefixOp, RowYieldOp, ReturnIfOp, CheckOp, CbOp, KernelOp, ArgOp,
+                      AccessorOp, CallOp], [])

@@ -31,8 +31,8 @@ from xdsl.ir import Block, Region, SSAValue
 
 from opgen.ir import dialect as ir
 from opgen.tile import dialect as t
-from opgen.ttmetal import dialect as k
 from opgen.tile.dialect import INDEX
+from opgen.ttmetal import dialect as k
 from opgen.ttmetal.lower import TILE, TILE_BYTES, Lowering, TtUnsupported
 
 #: the plan's pages: 32 uint32
