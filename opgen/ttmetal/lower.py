@@ -1098,6 +1098,10 @@ class LowerToTtKernel(ModulePass):
                        for d in kern.dtype_vars.data.values()):
                     op.body.block.erase_op(kern)  # (f16, f64: no TT-Metal instance)
                     continue
+                part = kern.attributes.get("part")
+                if part is not None and part.data > 0:
+                    raise TtUnsupported(kern.sym_name.data, "ops of several parts run one after the other "
+                                                            "(two index tensors, matmul chains)")
                 sched = kern.attributes.get("schedule")
                 if sched is not None and sched.data == "streamed" and \
                         any(isinstance(o, t.SegmentsOp) for o in kern.walk()):

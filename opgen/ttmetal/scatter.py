@@ -87,9 +87,11 @@ def _pattern(low: Lowering) -> tuple[str, str, str, str, str, list[SSAValue], li
                 v = _strip(b)
             else:
                 break
-        zero = [f.inits[0] for f in low.k.walk() if isinstance(f, t.ForOp) and f.inits
+        zero = [f for f in low.k.walk() if isinstance(f, t.ForOp) and f.inits
                 and isinstance(f.inits[0].owner, ir.BroadcastOp)]
-        plain = v.owner is ins[0] and len(zero) == 1 and _is_zero(zero[0])
+        # the sums start at zero and are what is copied out (no initial table added)
+        plain = v.owner is ins[0] and len(zero) == 1 and _is_zero(zero[0].inits[0]) and \
+            _strip(outs[0].value) is zero[0].res[0]
     if not plain or segs[0].idx not in low.arg_of or ins[0].src not in low.arg_of or outs[0].dst not in low.arg_of:
         raise TtUnsupported(low.name, "scatter-adds onto an initial table or with contributions other than "
                                       "select(keep(row), grad_row * factor(row), 0) (embedding_backward)")
