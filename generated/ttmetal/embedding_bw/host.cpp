@@ -31,9 +31,9 @@ CoreRangeSet opgen_tt_cores(CoreCoord grid, uint32_t n) {
 }
 
 /* the owner-computes plan of a scatter-add (ttk.scatter_plan in opgen/ttmetal/dialect.py) */
-template <typename I>
+template <typename I, typename RowFn>
 int opgen_tt_plan_from(const std::vector<uint8_t>& raw, uint32_t n, uint32_t rows, std::vector<uint32_t>& plan,
-                       const char* what) {
+                       const char* what, const RowFn& row_fn) {
     if (raw.size() < (size_t)n * sizeof(I)) return opgen_tt_error("the index tensor is smaller than its dims");
     const I* idx = reinterpret_cast<const I*>(raw.data());
     const uint32_t tiles = (rows + 31) / 32, heads = (tiles + 15) / 16;
@@ -44,39 +44,56 @@ int opgen_tt_plan_from(const std::vector<uint8_t>& raw, uint32_t n, uint32_t row
             std::fprintf(stderr, "opgen: %s: index %lld at position %u is out of range [0, %u)\n", what, v, i, rows);
             return 1;
         }
-        const uint32_t c = ++count[(size_t)v];
-        batches[(size_t)v / 32] = std::max(batches[(size_t)v / 32], c);
+        ++count[(size_t)v];
+    }
+    std::vector<uint32_t> prefix(rows + 1, 0), factor(rows, 0);
+    std::vector<bool> keep(rows, true);
+    for (uint32_t v = 0; v < rows; ++v) prefix[v + 1] = prefix[v] + count[v];
+    for (uint32_t v = 0; v < rows; ++v) {  // the row function: which rows keep their sums, and their factors
+        const auto [k, f] = row_fn((int64_t)v, prefix);
+        keep[v] = k;
+        const float g = k && count[v] > 0 ? f : 1.0f;  // (a row without contributions sums to 0 whatever f is)
+        std::memcpy(&factor[v], &g, sizeof g);
+        if (k) batches[v / 32] = std::max(batches[v / 32], count[v]);
     }
     uint64_t pages = heads;
-    for (uint32_t t = 0; t < tiles; ++t) {
+    for (uint32_t t = 0; t < tiles; ++t) {  // a page of factors, then the batches
         first[t] = (uint32_t)pages;
-        pages += batches[t];
+        pages += 1 + (uint64_t)batches[t];
     }
     if (pages > 0xFFFFFFFFull / 32) return opgen_tt_error("the scatter plan does not fit 32-bit page numbers");
     plan.assign((size_t)std::max<uint64_t>(pages, 1) * 32, 0xFFFFFFFFu);
     for (uint32_t t = 0; t < tiles; ++t) {
         plan[(size_t)(t / 16) * 32 + (t % 16) * 2] = first[t];
         plan[(size_t)(t / 16) * 32 + (t % 16) * 2 + 1] = batches[t];
+        for (uint32_t r = 0; r < 32; ++r) plan[(size_t)first[t] * 32 + r] = t * 32 + r < rows ? factor[t * 32 + r] : 0;
     }
     std::fill(count.begin(), count.end(), 0);
     for (uint32_t i = 0; i < n; ++i) {  // ascending i: each row's contributions in order
         const size_t v = (size_t)idx[i];
-        plan[(size_t)(first[v / 32] + count[v]++) * 32 + v % 32] = i;
+        if (keep[v]) plan[(size_t)(first[v / 32] + 1 + count[v]++) * 32 + v % 32] = i;
     }
     return 0;
 }
 
 /* reads the indices (blocking), refuses an out-of-range one, uploads the plan */
-[[maybe_unused]] int opgen_tt_scatter_plan(distributed::MeshDevice& mesh, const std::shared_ptr<distributed::MeshBuffer>& indices,
+template <typename RowFn>
+int opgen_tt_scatter_plan(distributed::MeshDevice& mesh, const std::shared_ptr<distributed::MeshBuffer>& indices,
                           IndexType type, uint32_t n, uint32_t rows, std::shared_ptr<distributed::MeshBuffer>& plan,
-                          const char* what) {
+                          const char* what, const RowFn& row_fn) {
     std::vector<uint8_t> raw;
     std::shared_ptr<distributed::MeshBuffer> buf = indices;  // (the API takes a non-const reference)
     if (n > 0) distributed::EnqueueReadMeshBuffer(mesh.mesh_command_queue(), raw, buf, true);
     std::vector<uint32_t> words;
-    const int rc = type == IndexType::Int64   ? opgen_tt_plan_from<int64_t>(raw, n, rows, words, what)
-                   : type == IndexType::Int32 ? opgen_tt_plan_from<int32_t>(raw, n, rows, words, what)
-                                              : opgen_tt_plan_from<uint32_t>(raw, n, rows, words, what);
+    int rc = 0;
+    switch (type) {
+        case IndexType::Int64: rc = opgen_tt_plan_from<int64_t>(raw, n, rows, words, what, row_fn); break;
+        case IndexType::Int32: rc = opgen_tt_plan_from<int32_t>(raw, n, rows, words, what, row_fn); break;
+        case IndexType::UInt32: rc = opgen_tt_plan_from<uint32_t>(raw, n, rows, words, what, row_fn); break;
+        case IndexType::Int16: rc = opgen_tt_plan_from<int16_t>(raw, n, rows, words, what, row_fn); break;
+        case IndexType::Int8: rc = opgen_tt_plan_from<int8_t>(raw, n, rows, words, what, row_fn); break;
+        case IndexType::UInt8: rc = opgen_tt_plan_from<uint8_t>(raw, n, rows, words, what, row_fn); break;
+    }
     if (rc) return rc;
     plan = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)words.size() * 4},
@@ -112,8 +129,11 @@ static int opgen_tt_embedding_bw_bf16_resident(distributed::MeshDevice& mesh, co
     const int64_t v10 = v7 * v9;
     const int64_t v11 = std::min<int64_t>((int64_t)(grid.x * grid.y), v10 > 1 ? v10 : 1);
     const int64_t v12 = (int64_t)N;
+    const auto row_fn = [&](int64_t v, const std::vector<uint32_t>& prefix) {
+        return std::pair<bool, float>{1, 1.0f};
+    };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v12, (uint32_t)v1, plan, "embedding_bw.bf16")) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v12, (uint32_t)v1, plan, "embedding_bw.bf16", row_fn)) return rc;
     const int64_t v13 = (1 > 1 ? 1 : 1);
     const int64_t v14 = (2 > 1 ? 2 : 1);
     const int64_t v15 = (int64_t)plan->address();
@@ -124,34 +144,38 @@ static int opgen_tt_embedding_bw_bf16_resident(distributed::MeshDevice& mesh, co
     const int64_t v20 = v19 + v18;
     const int64_t v21 = v14 * 2048;
     const int64_t v22 = v20 + v21;
-    const int64_t v23 = v22 + v21;
-    const bool v24 = v23 <= 1400000;
-    if (!(v24)) return quiet ? 2 : opgen_tt_error("embedding_bw.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
-    const int64_t v25 = v23 + 0;
+    const int64_t v23 = v13 * 4096;
+    const int64_t v24 = v22 + v23;
+    const int64_t v25 = v24 + v21;
     const bool v26 = v25 <= 1400000;
+    if (!(v26)) return quiet ? 2 : opgen_tt_error("embedding_bw.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v27 = v25 + 0;
+    const bool v28 = v27 <= 1400000;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v11);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v13) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v13) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's plan page
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v14) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v14) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // out (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v13) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v14) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // out (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
         TensorAccessorArgs(*grad).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/embedding_bw.bf16/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
+        utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_bw.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*out).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_bw.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v11; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v27 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v15, (uint32_t)v16, (uint32_t)v1, (uint32_t)v3, (uint32_t)v27, (uint32_t)v11});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v27, (uint32_t)v11});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v17, (uint32_t)v1, (uint32_t)v3, (uint32_t)v27, (uint32_t)v11});
+            const int64_t v29 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v15, (uint32_t)v16, (uint32_t)v1, (uint32_t)v3, (uint32_t)v29, (uint32_t)v11});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v29, (uint32_t)v11});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v17, (uint32_t)v1, (uint32_t)v3, (uint32_t)v29, (uint32_t)v11});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -198,8 +222,11 @@ static int opgen_tt_embedding_bw_f32_resident(distributed::MeshDevice& mesh, con
     const int64_t v10 = v7 * v9;
     const int64_t v11 = std::min<int64_t>((int64_t)(grid.x * grid.y), v10 > 1 ? v10 : 1);
     const int64_t v12 = (int64_t)N;
+    const auto row_fn = [&](int64_t v, const std::vector<uint32_t>& prefix) {
+        return std::pair<bool, float>{1, 1.0f};
+    };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v12, (uint32_t)v1, plan, "embedding_bw.f32")) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v12, (uint32_t)v1, plan, "embedding_bw.f32", row_fn)) return rc;
     const int64_t v13 = (1 > 1 ? 1 : 1);
     const int64_t v14 = (2 > 1 ? 2 : 1);
     const int64_t v15 = (int64_t)plan->address();
@@ -210,18 +237,21 @@ static int opgen_tt_embedding_bw_f32_resident(distributed::MeshDevice& mesh, con
     const int64_t v20 = v19 + v18;
     const int64_t v21 = v14 * 4096;
     const int64_t v22 = v20 + v21;
-    const int64_t v23 = v22 + v21;
-    const bool v24 = v23 <= 1400000;
-    if (!(v24)) return quiet ? 2 : opgen_tt_error("embedding_bw.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
-    const int64_t v25 = v23 + 0;
+    const int64_t v23 = v13 * 4096;
+    const int64_t v24 = v22 + v23;
+    const int64_t v25 = v24 + v21;
     const bool v26 = v25 <= 1400000;
+    if (!(v26)) return quiet ? 2 : opgen_tt_error("embedding_bw.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    const int64_t v27 = v25 + 0;
+    const bool v28 = v27 <= 1400000;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v11);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v13) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v13) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's plan page
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v14) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v14) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // out (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v13) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v14) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // out (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
         TensorAccessorArgs(*grad).append_to(ct_reader);
@@ -229,16 +259,17 @@ static int opgen_tt_embedding_bw_f32_resident(distributed::MeshDevice& mesh, con
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[2] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_bw.f32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*out).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_bw.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v11; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v27 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v15, (uint32_t)v16, (uint32_t)v1, (uint32_t)v3, (uint32_t)v27, (uint32_t)v11});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v27, (uint32_t)v11});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v17, (uint32_t)v1, (uint32_t)v3, (uint32_t)v27, (uint32_t)v11});
+            const int64_t v29 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v15, (uint32_t)v16, (uint32_t)v1, (uint32_t)v3, (uint32_t)v29, (uint32_t)v11});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v29, (uint32_t)v11});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v17, (uint32_t)v1, (uint32_t)v3, (uint32_t)v29, (uint32_t)v11});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));

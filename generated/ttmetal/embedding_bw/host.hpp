@@ -22,7 +22,10 @@ namespace opgen_tt {
 using namespace tt::tt_metal;
 
 /* the element type of an index tensor (row layout: pages of 32 indices) */
-enum class IndexType { UInt32, Int32, Int64 };
+enum class IndexType { UInt32, Int32, Int64, Int16, Int8, UInt8 };
+inline uint32_t index_size(IndexType t) {
+    return t == IndexType::Int64 ? 8 : t == IndexType::Int16 ? 2 : t == IndexType::Int8 || t == IndexType::UInt8 ? 1 : 4;
+}
 
 int opgen_tt_embedding_bw_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& indices,

@@ -83,3 +83,11 @@ inline uint32_t opgen_tt_l1_word(uint32_t l1_addr, uint32_t i) {
 inline volatile tt_l1_ptr uint32_t* opgen_tt_l1_words(uint32_t l1_addr) {
     return reinterpret_cast<volatile tt_l1_ptr uint32_t*>(l1_addr);
 }
+
+/* an f32 tile whose column 0 holds the 32 words at `words` (row factors), zero elsewhere */
+inline void opgen_tt_col_tile(uint32_t l1_tile, uint32_t words) {
+    volatile tt_l1_ptr uint32_t* t = reinterpret_cast<volatile tt_l1_ptr uint32_t*>(l1_tile);
+    const volatile tt_l1_ptr uint32_t* w = reinterpret_cast<volatile tt_l1_ptr uint32_t*>(words);
+    for (uint32_t i = 0; i < 1024; ++i) t[i] = 0;
+    for (uint32_t r = 0; r < 32; ++r) t[(r / 16) * 2 * 256 + (r % 16) * 16] = w[r];
+}

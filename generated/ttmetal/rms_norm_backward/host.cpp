@@ -31,9 +31,9 @@ CoreRangeSet opgen_tt_cores(CoreCoord grid, uint32_t n) {
 }
 
 /* the owner-computes plan of a scatter-add (ttk.scatter_plan in opgen/ttmetal/dialect.py) */
-template <typename I>
+template <typename I, typename RowFn>
 int opgen_tt_plan_from(const std::vector<uint8_t>& raw, uint32_t n, uint32_t rows, std::vector<uint32_t>& plan,
-                       const char* what) {
+                       const char* what, const RowFn& row_fn) {
     if (raw.size() < (size_t)n * sizeof(I)) return opgen_tt_error("the index tensor is smaller than its dims");
     const I* idx = reinterpret_cast<const I*>(raw.data());
     const uint32_t tiles = (rows + 31) / 32, heads = (tiles + 15) / 16;
@@ -44,39 +44,56 @@ int opgen_tt_plan_from(const std::vector<uint8_t>& raw, uint32_t n, uint32_t row
             std::fprintf(stderr, "opgen: %s: index %lld at position %u is out of range [0, %u)\n", what, v, i, rows);
             return 1;
         }
-        const uint32_t c = ++count[(size_t)v];
-        batches[(size_t)v / 32] = std::max(batches[(size_t)v / 32], c);
+        ++count[(size_t)v];
+    }
+    std::vector<uint32_t> prefix(rows + 1, 0), factor(rows, 0);
+    std::vector<bool> keep(rows, true);
+    for (uint32_t v = 0; v < rows; ++v) prefix[v + 1] = prefix[v] + count[v];
+    for (uint32_t v = 0; v < rows; ++v) {  // the row function: which rows keep their sums, and their factors
+        const auto [k, f] = row_fn((int64_t)v, prefix);
+        keep[v] = k;
+        const float g = k && count[v] > 0 ? f : 1.0f;  // (a row without contributions sums to 0 whatever f is)
+        std::memcpy(&factor[v], &g, sizeof g);
+        if (k) batches[v / 32] = std::max(batches[v / 32], count[v]);
     }
     uint64_t pages = heads;
-    for (uint32_t t = 0; t < tiles; ++t) {
+    for (uint32_t t = 0; t < tiles; ++t) {  // a page of factors, then the batches
         first[t] = (uint32_t)pages;
-        pages += batches[t];
+        pages += 1 + (uint64_t)batches[t];
     }
     if (pages > 0xFFFFFFFFull / 32) return opgen_tt_error("the scatter plan does not fit 32-bit page numbers");
     plan.assign((size_t)std::max<uint64_t>(pages, 1) * 32, 0xFFFFFFFFu);
     for (uint32_t t = 0; t < tiles; ++t) {
         plan[(size_t)(t / 16) * 32 + (t % 16) * 2] = first[t];
         plan[(size_t)(t / 16) * 32 + (t % 16) * 2 + 1] = batches[t];
+        for (uint32_t r = 0; r < 32; ++r) plan[(size_t)first[t] * 32 + r] = t * 32 + r < rows ? factor[t * 32 + r] : 0;
     }
     std::fill(count.begin(), count.end(), 0);
     for (uint32_t i = 0; i < n; ++i) {  // ascending i: each row's contributions in order
         const size_t v = (size_t)idx[i];
-        plan[(size_t)(first[v / 32] + count[v]++) * 32 + v % 32] = i;
+        if (keep[v]) plan[(size_t)(first[v / 32] + 1 + count[v]++) * 32 + v % 32] = i;
     }
     return 0;
 }
 
 /* reads the indices (blocking), refuses an out-of-range one, uploads the plan */
-[[maybe_unused]] int opgen_tt_scatter_plan(distributed::MeshDevice& mesh, const std::shared_ptr<distributed::MeshBuffer>& indices,
+template <typename RowFn>
+int opgen_tt_scatter_plan(distributed::MeshDevice& mesh, const std::shared_ptr<distributed::MeshBuffer>& indices,
                           IndexType type, uint32_t n, uint32_t rows, std::shared_ptr<distributed::MeshBuffer>& plan,
-                          const char* what) {
+                          const char* what, const RowFn& row_fn) {
     std::vector<uint8_t> raw;
     std::shared_ptr<distributed::MeshBuffer> buf = indices;  // (the API takes a non-const reference)
     if (n > 0) distributed::EnqueueReadMeshBuffer(mesh.mesh_command_queue(), raw, buf, true);
     std::vector<uint32_t> words;
-    const int rc = type == IndexType::Int64   ? opgen_tt_plan_from<int64_t>(raw, n, rows, words, what)
-                   : type == IndexType::Int32 ? opgen_tt_plan_from<int32_t>(raw, n, rows, words, what)
-                                              : opgen_tt_plan_from<uint32_t>(raw, n, rows, words, what);
+    int rc = 0;
+    switch (type) {
+        case IndexType::Int64: rc = opgen_tt_plan_from<int64_t>(raw, n, rows, words, what, row_fn); break;
+        case IndexType::Int32: rc = opgen_tt_plan_from<int32_t>(raw, n, rows, words, what, row_fn); break;
+        case IndexType::UInt32: rc = opgen_tt_plan_from<uint32_t>(raw, n, rows, words, what, row_fn); break;
+        case IndexType::Int16: rc = opgen_tt_plan_from<int16_t>(raw, n, rows, words, what, row_fn); break;
+        case IndexType::Int8: rc = opgen_tt_plan_from<int8_t>(raw, n, rows, words, what, row_fn); break;
+        case IndexType::UInt8: rc = opgen_tt_plan_from<uint8_t>(raw, n, rows, words, what, row_fn); break;
+    }
     if (rc) return rc;
     plan = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)words.size() * 4},

@@ -37,14 +37,21 @@ void kernel_main() {
         const uint32_t v17 = v15 + 1;
         const uint32_t v18 = opgen_tt_l1_word(v11, v17);
         cb_push_back(tt::CBIndex::c_0, 1);
-        for (uint32_t b19 = 0; b19 < v18; b19 += 1) {
-            const uint32_t v20 = v16 + b19;
-            noc_async_read_page(v20, plan, v1);
+        noc_async_read_page(v16, plan, v1);
+        noc_async_read_barrier();
+        cb_reserve_back(tt::CBIndex::c_3, 1);
+        const uint32_t v19 = get_write_ptr(tt::CBIndex::c_3);
+        opgen_tt_col_tile(v19, v1);
+        cb_push_back(tt::CBIndex::c_3, 1);
+        const uint32_t v20 = v18 + 1;
+        for (uint32_t b21 = 1; b21 < v20; b21 += 1) {
+            const uint32_t v22 = v16 + b21;
+            noc_async_read_page(v22, plan, v1);
             noc_async_read_barrier();
             cb_reserve_back(tt::CBIndex::c_2, 1);
-            const uint32_t v21 = get_write_ptr(tt::CBIndex::c_2);
-            const volatile tt_l1_ptr uint32_t* v22 = opgen_tt_l1_words(v1);
-            opgen_tt_gather_rows(grad, v21, 2048, v22, v10, v5);
+            const uint32_t v23 = get_write_ptr(tt::CBIndex::c_2);
+            const volatile tt_l1_ptr uint32_t* v24 = opgen_tt_l1_words(v1);
+            opgen_tt_gather_rows(grad, v23, 2048, v24, v10, v5);
             cb_push_back(tt::CBIndex::c_2, 1);
         }
     }

@@ -54,13 +54,20 @@ void kernel_main() {
             add_binary_tile(0, 1, 0);
             cb_pop_front(tt::CBIndex::c_2, 1);
         }
+        cb_wait_front(tt::CBIndex::c_3, 1);
+        reconfig_data_format_srca(tt::CBIndex::c_3);
+        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_3);
+        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_3, 0, 1);
+        mul_binary_tile_init();
+        mul_binary_tile(0, 1, 0);
+        cb_pop_front(tt::CBIndex::c_3, 1);
         tile_regs_commit();
         cb_pop_front(tt::CBIndex::c_0, 1);
         tile_regs_wait();
-        cb_reserve_back(tt::CBIndex::c_3, 1);
-        pack_reconfig_data_format(tt::CBIndex::c_3);
-        pack_tile(0, tt::CBIndex::c_3);
-        cb_push_back(tt::CBIndex::c_3, 1);
+        cb_reserve_back(tt::CBIndex::c_4, 1);
+        pack_reconfig_data_format(tt::CBIndex::c_4);
+        pack_tile(0, tt::CBIndex::c_4);
+        cb_push_back(tt::CBIndex::c_4, 1);
         tile_regs_release();
     }
     cb_wait_front(tt::CBIndex::c_1, 1);

@@ -19,12 +19,12 @@ void kernel_main() {
         const uint32_t v7 = u6 / v4;
         const uint32_t v8 = v7 * v4;
         const uint32_t v9 = u6 - v8;
-        cb_wait_front(tt::CBIndex::c_3, 1);
+        cb_wait_front(tt::CBIndex::c_4, 1);
         const uint32_t v10 = v8 + v9;
-        const uint32_t v11 = get_read_ptr(tt::CBIndex::c_3);
+        const uint32_t v11 = get_read_ptr(tt::CBIndex::c_4);
         noc_async_write_page(v10, out, v11);
         noc_async_writes_flushed();
-        cb_pop_front(tt::CBIndex::c_3, 1);
+        cb_pop_front(tt::CBIndex::c_4, 1);
     }
     noc_async_write_barrier();
 }
