@@ -111,8 +111,14 @@ def _ttmetal_support(o: OpDef) -> str:
         if isinstance(e.__cause__, TileUnsupported):
             return f"not supported ({e.__cause__.what})"
         raise
-    inst = sorted({", ".join(f"{v}={d.data}" for v, d in p.dtype_vars.data.items()) for p in ttmetal.programs(m)})
-    return "; ".join(inst) if inst else "not supported (TT-Metal computes bf16 and f32)"
+    from opgen.ttmetal import dialect as ttk
+
+    progs = ttmetal.programs(m)
+    inst = sorted({", ".join(f"{v}={d.data}" for v, d in p.dtype_vars.data.items()) for p in progs})
+    if not inst:
+        return "not supported (TT-Metal computes bf16 and f32)"
+    scatter = any(isinstance(o, ttk.ScatterPlanOp) for p in progs for o in p.walk())
+    return "; ".join(inst) + ("; integer indices (u8, i8, i16, i32, u32, i64)" if scatter else "")
 
 
 def cmd_show(args: argparse.Namespace) -> int:
