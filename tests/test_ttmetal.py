@@ -30,7 +30,7 @@ from tests.ttmetal_model import build as model_build
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "build" / "ttmetal-tests"
 CHECKER = REPO.parent / "shared" / "tools" / "tt-kernel-check"
-SUPPORTED = ("rms_norm_backward", "embedding_bw", "embedding_dense_backward")
+SUPPORTED = ("rms_norm_backward", "embedding_bw", "embedding_dense_backward", "embedding_backward")
 
 pytestmark = pytest.mark.skipif(model_build.cxx() is None, reason="no g++")
 
@@ -166,7 +166,7 @@ def test_rows_too_long_for_l1_use_the_column_chunk_schedule(rms_exe, tmp_path, T
 
 
 # ------------------------------------------------------------------------ unsupported
-@pytest.mark.parametrize("op", ["embedding_backward", "fused_linear_cross_entropy_loss_grad"])
+@pytest.mark.parametrize("op", ["fused_linear_cross_entropy_loss_grad"])
 def test_ops_the_backend_cannot_lower_say_what(op):
     with pytest.raises(TileUnsupported) as e:
         ttmetal.op_sources(registry.get(op))
@@ -369,3 +369,67 @@ def test_embedding_dense_backward_refuses_bad_sizes_and_indices(edb_exe, tmp_pat
     proc, outs = runner.run(edb_exe, "embedding_dense_backward", a, tmp_path / "index")
     assert proc.returncode == 3 and "index 11 at position 4 is out of range [0, 11)" in proc.stderr, proc.stderr
     assert outs["out"].tobytes() == a["out"].tobytes()
+
+
+@pytest.fixture(scope="module")
+def eb_exe() -> Path:
+    return runner.build("embedding_backward", OUT / "embedding_backward")
+
+
+def test_embedding_backward_on_the_model(eb_exe, tmp_path):
+    """Two index tensors into two tables (two parts, one program), alpha factors, accumulation
+    onto the tables (acc) or not (NaN tables ignored): against the oracle, bf16/f32, u8/i32/i64
+    indices; the same bits on 1 and 64 cores."""
+    from tests.cpu_cases import eb_args
+
+    o = registry.get("embedding_backward")
+    rng = np.random.default_rng(29)
+    failures = []
+    cases = []
+    for T in ("bf16", "f32"):
+        for IT in ("u8", "i32", "i64"):
+            for table2, acc in ((True, (True, False)), (True, (False, True)), (False, (True, False))):
+                cases.append((f"{T}-{IT}-{table2}-{acc}", eb_args(rng, T, IT, N=37, D=40, N1=7, N2=35,
+                                                                    table2=table2, acc=acc)))
+        cases.append((f"{T}-i2-only", eb_args(rng, T, "i32", i2=True, dtable2=False, alpha=(1.5, 0.0))))
+        cases.append((f"{T}-empty", eb_args(rng, T, "i32", N=0, D=9)))
+    for name, a in cases:
+        try:
+            ref = oracle.run(o, **{k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in a.items()})
+        except OpError as e:
+            failures.append(f"{name}: the oracle refused ({e}): fix the case")
+            continue
+        runs = {}
+        for g in ((8, 8), (1, 1)):
+            proc, outs = runner.run(eb_exe, "embedding_backward", a, tmp_path / f"{name}-{g[0]}", grid=g)
+            assert proc.returncode == 0, f"{name} on {g}: {proc.stderr[-3000:]}"
+            runs[g] = outs
+        for k, v in ref.items():
+            try:
+                assert_c_close(runs[(8, 8)][k], v, f"{name}.{k}")
+            except AssertionError as e:
+                failures.append(str(e))
+            if runs[(1, 1)][k].tobytes() != runs[(8, 8)][k].tobytes():
+                failures.append(f"{name}.{k}: 1 core differs from 64")
+    assert not failures, "\n".join(failures)
+
+
+def test_embedding_backward_refuses_before_writing_either_table(eb_exe, tmp_path):
+    """An out-of-range index of the second part, or alpha2 != 0 without i2: refused before any
+    launch — the first table is untouched too."""
+    from tests.cpu_cases import eb_args
+
+    a = eb_args(np.random.default_rng(5), "f32", "i32", N=37, D=40, N1=7, N2=35)
+    a["i2"][20] = 35
+    proc, outs = runner.run(eb_exe, "embedding_backward", a, tmp_path / "i2")
+    assert proc.returncode == 3 and "index 35 at position 20 is out of range [0, 35)" in proc.stderr, proc.stderr
+    assert outs["dtable1"].tobytes() == a["dtable1"].tobytes()
+    assert outs["dtable2"].tobytes() == a["dtable2"].tobytes()
+    b = eb_args(np.random.default_rng(6), "f32", "i32", table2=False)
+    b["alpha2"] = 0.5
+    with pytest.raises(OpError):
+        oracle.run(registry.get("embedding_backward"), **{k: np.copy(v) if isinstance(v, np.ndarray) else v
+                                                          for k, v in b.items()})
+    proc, outs = runner.run(eb_exe, "embedding_backward", b, tmp_path / "alpha2")
+    assert proc.returncode == 3 and "alpha2 must be 0 when i2 is absent" in proc.stderr, proc.stderr
+    assert outs["dtable1"].tobytes() == b["dtable1"].tobytes()

@@ -181,6 +181,12 @@ def as_2d(shape: tuple[int, ...], rank: int = 2) -> tuple[int, int]:
     return int(np.prod(shape[:-1])), shape[-1]
 
 
+def _default(op: str, name: str) -> Any:
+    """The DSL default of a scalar parameter the test leaves out."""
+    o = _OPS.get(op) or registry.get(op)
+    return next(p.spec.default for p in o.signature.params if p.name == name)
+
+
 def _scalar(x: Any, dtype: str) -> str:
     return repr(float(x)) if dtype == "f32" else str(int(bool(x)) if dtype == "bool" else int(x))
 
@@ -190,9 +196,11 @@ def run(exe: Path, op: str, args: dict[str, Any], tmp: Path, grid: tuple[int, in
         ) -> tuple[subprocess.CompletedProcess, dict[str, np.ndarray]]:
     """Run the variant of ``op`` whose dtypes match ``args`` on a ``grid`` of model cores."""
     man = manifest(op)
-    for v in man["variants"]:
-        if all(a["kind"] != "tensor" or a["dtype"] not in NP or NP[a["dtype"]] == args[a["name"]].dtype
-               for a in v["args"]):
+    given = {k for k, x in args.items() if isinstance(x, np.ndarray)}
+    for v in man["variants"]:  # the variant of the tensors given, with their dtypes
+        names = {a["name"] for a in v["args"] if a["kind"] == "tensor"}
+        typed = [a for a in v["args"] if a["kind"] == "tensor" and a["dtype"] in NP]
+        if names == given and all(NP[a["dtype"]] == args[a["name"]].dtype for a in typed):
             break
     else:
         raise KeyError(f"no TT-Metal variant of {op} for these dtypes")
@@ -211,7 +219,8 @@ def run(exe: Path, op: str, args: dict[str, Any], tmp: Path, grid: tuple[int, in
         to_layout(x.reshape(r, c), a["layout"]).tofile(in_dir / f"{a['name']}.bin")
     argv = [str(exe), str(exe.parent / "src"), v["variant"], str(in_dir), str(out_dir), str(grid[0]), str(grid[1]),
             *(str(dims[d]) for d in v["dims"]),
-            *(_scalar(args[a["name"]], a["dtype"]) for a in v["args"] if a["kind"] == "scalar")]
+            *(_scalar(args[a["name"]] if a["name"] in args else _default(op, a["name"]), a["dtype"])
+              for a in v["args"] if a["kind"] == "scalar")]
     e = dict(os.environ, **(env or {}), **{f"ALIAS_{k}": w for k, w in (alias or {}).items()})
     for a in v["args"]:
         if a["kind"] == "tensor" and a["dtype"].startswith("index"):

@@ -239,7 +239,8 @@ class HostPrinter(Scalars):
         if isinstance(op, k.ScatterPlanOp):
             v = op.row_fn.block.args[0]
             self.names[v] = "v"
-            self.line("const auto row_fn = [&](int64_t v, const std::vector<uint32_t>& prefix) {")
+            fn = f"row_fn_{op.sym.data}"
+            self.line(f"const auto {fn} = [&](int64_t v, const std::vector<uint32_t>& prefix) {{")
             self.indent += 1
             for o in op.row_fn.block.ops:
                 if isinstance(o, k.RowYieldOp):
@@ -250,14 +251,14 @@ class HostPrinter(Scalars):
             self.line("};")
             self.line(f"std::shared_ptr<distributed::MeshBuffer> {op.sym.data};")
             call = (f"opgen_tt_scatter_plan(mesh, {op.indices.data}, index_dtype, (uint32_t){self.name(op.n)}, "
-                    f'(uint32_t){self.name(op.rows)}, {op.sym.data}, "{self.p.sym_name.data}", row_fn)')
+                    f'(uint32_t){self.name(op.rows)}, {op.sym.data}, "{self.p.sym_name.data}", {fn})')
             self.line(f"if (int rc = {call}) return rc;")
         elif isinstance(op, k.ReturnIfOp):
             self.line(f"if ({self.name(op.cond)}) return 0;  // every output is empty")
         elif isinstance(op, k.CheckOp):
             msg = op.message.data.replace('"', '\\"')
             err = f'opgen_tt_error("{self.p.sym_name.data}: {msg}")'
-            self.line(f"if (!({self.name(op.cond)})) return quiet ? 2 : {err};")
+            self.line(f"if (!({self.name(op.cond)})) return {err if op.arg.data else 'quiet ? 2 : ' + err};")
         elif isinstance(op, k.WorkspaceOp):
             self.line(f"auto {op.sym.data} = distributed::MeshBuffer::create(")
             self.line(f"    distributed::ReplicatedBufferConfig{{.size = (uint64_t){self.name(op.bytes)}}},")

@@ -229,14 +229,16 @@ class ReturnIfOp(IRDLOperation):
 @irdl_op_definition
 class CheckOp(IRDLOperation):
     """Host: the launch cannot run unless ``cond`` holds (``message`` says why; the host function
-    returns an error before enqueueing anything)."""
+    returns an error before enqueueing anything). ``arg``: a check of the op's arguments (an
+    error whatever the schedule), else of the schedule's fit (the next schedule is tried)."""
 
     name = "ttk.check"
     cond = operand_def(TensorType)
     message = prop_def(StringAttr)
+    arg = prop_def(IntAttr)
 
-    def __init__(self, cond: SSAValue, message: str):
-        super().__init__(operands=[cond], properties={"message": StringAttr(message)})
+    def __init__(self, cond: SSAValue, message: str, arg: bool = False):
+        super().__init__(operands=[cond], properties={"message": StringAttr(message), "arg": IntAttr(int(arg))})
 
 
 @irdl_op_definition

@@ -31,6 +31,7 @@ Every decision of the TT-Metal backend is made here, none in the printer:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
@@ -68,14 +69,14 @@ SFPU_UNARY = {ir.RsqrtOp: "rsqrt", ir.RecipOp: "recip", ir.ExpOp: "exp", ir.Sigm
               ir.LogOp: "log", ir.SqrtOp: "sqrt", ir.NegOp: "negative", ir.AbsOp: "abs"}
 #: the tile-level ops this lowering handles (anything else: TtUnsupported naming it)
 LOWERED = (t.KernelOp, t.TilingOp, t.ParamOp, t.BlockIdxOp, t.BlockNumOp, t.ForOp, t.YieldOp, t.SyncAllOp,
-           t.WorkspaceOp, t.CopyInOp, t.CopyOutOp, t.ReduceOp, ir.BroadcastOp, ir.CastOp, *SFPU_UNARY, *SCALAR_OPS)
+           t.WorkspaceOp, t.CopyInOp, t.CopyOutOp, t.ReduceOp, ir.BroadcastOp, ir.CastOp, ir.CheckOp, *SFPU_UNARY,
+           *SCALAR_OPS)
 #: what the scatter-add lowering (opgen/ttmetal/scatter.py) reads of the tile level
 SCATTER_OPS = (t.SegmentsOp, t.SegStartOp, t.SegAtOp, t.AddRowOp)
 WHAT = {t.SegmentsOp: "owner-computes scatter-add segments", t.SegStartOp: "scatter-add segments",
         t.SegAtOp: "scatter-add segments", t.AddRowOp: "scatter-add rows", t.MatmulOp: "matmul chains",
         t.LoadOp: "scalar loads", t.LoadBitOp: "scalar loads of packed bits", t.SetAtOp: "scalar stores",
-        t.FailUnlessOp: "data checks", t.FlagsOutOp: "data checks", t.FenceOp: "fences",
-        ir.CheckOp: "argument checks inside the kernel"}
+        t.FailUnlessOp: "data checks", t.FlagsOutOp: "data checks", t.FenceOp: "fences"}
 
 
 class TtUnsupported(TileUnsupported):
@@ -191,6 +192,8 @@ class KernelBuilder:
         op = v.owner
         if kind(v) == "float":
             r = self.rt_arg(f"f{len(self.rt)}", low.host_op(k.BitsOp(low.host_val(v))))
+        elif v in low.arg_of:  # an integer or bool argument of the op
+            r = self.rt_arg(low.arg_of[v], low.host_val(v))
         elif isinstance(op, Block):
             raise TtUnsupported(low.name, "a loop variable used outside its loop")
         elif isinstance(op, t.ParamOp):
@@ -310,8 +313,9 @@ def _empty(loop: t.ForOp) -> bool:
 class Lowering:
     """One resident ``tile.kernel`` -> one ``ttk.program`` (see the module docstring)."""
 
-    def __init__(self, kernel: t.KernelOp):
+    def __init__(self, kernel: t.KernelOp, launch_base: int = 0, part: int = 0):
         self.k = kernel
+        self.launch_base, self.part = launch_base, part
         self.name = kernel.sym_name.data
         self.args = dict(zip([a.data for a in kernel.arg_names.data], kernel.body.block.args, strict=True))
         self.arg_of = {v: n for n, v in self.args.items()}
@@ -334,6 +338,11 @@ class Lowering:
         self._scratch = Block()  # tile-level scalars the lowering makes up (tile counts)
 
     # -- host side
+    @staticmethod
+    def arg_of_name(kernel: t.KernelOp, v: SSAValue) -> str:
+        """The name of kernel argument ``v`` of ``kernel``."""
+        return kernel.arg_names.data[kernel.body.block.args.index(v)].data
+
     def host_op(self, op: Operation) -> SSAValue:
         Rewriter.insert_op(op, InsertPoint.at_end(self.host))
         return op.results[0] if op.results else None  # type: ignore[return-value]
@@ -390,7 +399,7 @@ class Lowering:
         if gm in self.arg_of:
             return self.arg_of[gm]
         if isinstance(gm.owner, t.WorkspaceOp):
-            sym = f"ws_{gm.owner.offset.data}"  # one DRAM buffer per workspace region
+            sym = f"ws{self.part or ''}_{gm.owner.offset.data}"  # one DRAM buffer per workspace region
             if sym not in self.ws_done:  # one tile row per row of the region
                 rows, cols = gm.type.shape
                 nrows = self.host_val(self.params[rows]) if rows in self.params else self.hconst(int(rows))
@@ -429,15 +438,24 @@ class Lowering:
         self.free.setdefault(self.cb_keys[cb], []).append(cb)
 
     # -- the program
-    def run(self) -> k.ProgramOp:
+    def program(self) -> k.ProgramOp:
+        """An empty program with this kernel's parameters."""
         kinds = ["tensor" if isinstance(a.type, t.GmType) else "scalar" for a in self.k.body.block.args]
-        prog = k.ProgramOp(self.name, list(self.args), kinds, [a.type for a in self.k.body.block.args],
+        return k.ProgramOp(self.name, list(self.args), kinds, [a.type for a in self.k.body.block.args],
                            self.k.dtype_vars)
+
+    def run(self) -> k.ProgramOp:
+        prog = self.program()
+        for ln in self.launches():
+            prog.body.block.add_op(ln)
+        return self.finish_program(prog, [self.k])
+
+    def launches(self) -> list[k.LaunchOp]:
+        """The kernel's launches, numbered from ``launch_base``."""
         if any(isinstance(o, t.SegmentsOp) for o in self.k.walk()):
             from opgen.ttmetal.scatter import lower_scatter
 
-            prog.body.block.add_op(lower_scatter(self))
-            return self.finish_program(prog)
+            return [lower_scatter(self)]
         phases: list[list[Operation]] = [[]]
         for op in self.k.body.block.ops:
             if isinstance(op, t.TilingOp):
@@ -446,24 +464,40 @@ class Lowering:
                 phases.append([])
             else:
                 phases[-1].append(op)
-        for i, ops in enumerate(phases):
-            prog.body.block.add_op(self.launch(i, ops))
-        return self.finish_program(prog)
+        return [self.launch(self.launch_base + i, ops) for i, ops in enumerate(phases)]
 
-    def finish_program(self, prog: k.ProgramOp) -> k.ProgramOp:
-        """The layouts of the program's tensors and its return when every output is empty."""
+    def finish_program(self, prog: k.ProgramOp, kernels: list[t.KernelOp]) -> k.ProgramOp:
+        """The layouts of the program's tensors; first of all on the host, the kernels' argument
+        checks, then its return when every output of every part is empty."""
         from xdsl.dialects.builtin import ArrayAttr
         prog.attributes["layouts"] = ArrayAttr([StringAttr(self.layout(a) if isinstance(a.type, t.GmType) else "-")
                                                 for a in self.k.body.block.args])
         first = prog.body.block.first_op
         assert isinstance(first, k.LaunchOp)
         self.host = first.body.block
-        self.nothing_to_do(first)
+        self.nothing_to_do(first, kernels)
+        self.arg_checks(first)
         return prog
 
-    def nothing_to_do(self, first: k.LaunchOp) -> None:
+    def arg_checks(self, first: k.LaunchOp) -> None:
+        """The kernel's ``opgen.check``s on its scalar arguments, as host checks before anything."""
+        checks = [o for o in self.k.body.block.ops if isinstance(o, ir.CheckOp)]
+        if not checks:
+            return
+        tmp = Block()
+        self.host, self.hmap = tmp, {}
+        for c in checks:
+            self.host_op(k.CheckOp(self.host_val(c.operands[0]), c.message.data, arg=True))
+        anchor = first.body.block.first_op
+        for o in list(tmp.ops):
+            o.detach()
+            Rewriter.insert_op(o, InsertPoint.before(anchor) if anchor else InsertPoint.at_end(first.body.block))
+        self.host = first.body.block
+
+    def nothing_to_do(self, first: k.LaunchOp, kernels: list[t.KernelOp]) -> None:
         """Host, first of all: return when every output (a tensor some copy_out writes) is empty."""
-        outs = {self.arg_of[o.dst] for o in self.k.walk() if isinstance(o, t.CopyOutOp) and o.dst in self.arg_of}
+        outs = {self.arg_of_name(kn, o.dst) for kn in kernels for o in kn.walk()
+                if isinstance(o, t.CopyOutOp) and isinstance(o.dst.owner, Block)}
         conds = []
         for name in sorted(outs):
             zero = [ir.CmpOp("eq", ir.DimOp(d).results[0], ir.ConstantOp(0, "i64").results[0]) for d in
@@ -571,6 +605,10 @@ class Lowering:
     def lower_op(self, op: Operation) -> None:
         if isinstance(op, (t.ParamOp, t.BlockIdxOp, t.BlockNumOp, t.WorkspaceOp, t.YieldOp)):
             return
+        if isinstance(op, ir.CheckOp):
+            if op.parent_op() is not self.k:
+                raise TtUnsupported(self.name, "a check inside a loop (on tensor data)")
+            return  # (arg_checks: on the host, before anything)
         if isinstance(op, SCALAR_OPS) and kind(op.results[0]) in ("index", "float"):
             return
         if isinstance(op, t.ForOp):
@@ -1098,15 +1136,26 @@ class LowerToTtKernel(ModulePass):
                        for d in kern.dtype_vars.data.values()):
                     op.body.block.erase_op(kern)  # (f16, f64: no TT-Metal instance)
                     continue
-                part = kern.attributes.get("part")
-                if part is not None and part.data > 0:
-                    raise TtUnsupported(kern.sym_name.data, "ops of several parts run one after the other "
-                                                            "(two index tensors, matmul chains)")
                 sched = kern.attributes.get("schedule")
                 if sched is not None and sched.data == "streamed" and \
                         any(isinstance(o, t.SegmentsOp) for o in kern.walk()):
                     op.body.block.erase_op(kern)  # (a scatter-add's TT plan does not depend on row length)
                     continue
-                prog = Lowering(kern).run()
-                op.body.block.insert_op_before(prog, kern)
+        # the parts of one instance (same name) run one after the other: one program
+        groups: dict[str, list[t.KernelOp]] = {}
+        for kern in list(op.body.block.ops):
+            if isinstance(kern, t.KernelOp):  # (parts are named <instance>.part<i>[.streamed])
+                groups.setdefault(re.sub(r"\.part\d+", "", kern.sym_name.data), []).append(kern)
+        for name, kerns in groups.items():
+            kerns.sort(key=lambda kn: kn.attributes["part"].data if "part" in kn.attributes else 0)
+            low = Lowering(kerns[0])
+            low.name = name
+            prog = low.program()
+            for i, kern in enumerate(kerns):
+                part = low if i == 0 else Lowering(kern, launch_base=len(list(prog.body.block.ops)), part=i)
+                for ln in part.launches():
+                    prog.body.block.add_op(ln)
+            low.finish_program(prog, kerns)
+            op.body.block.insert_op_before(prog, kerns[0])
+            for kern in kerns:
                 op.body.block.erase_op(kern)

@@ -60,15 +60,39 @@ def _is_zero(v: SSAValue) -> bool:
     return s is not None and isinstance(s.owner, ir.ConstantOp) and float(s.owner.value.value.data) == 0.0
 
 
-def _pattern(low: Lowering) -> tuple[str, str, str, str, str, list[SSAValue], list[SSAValue], t.AddRowOp]:
-    """(indices, grad, out, N dim, table-rows dim, keep conditions, factors, the add) of a
-    scatter-add whose contribution is ``select(keep, row * factor, 0)`` with per-row scalars
-    (any of them absent), or TtUnsupported."""
+def _initial(v: SSAValue, low: Lowering) -> tuple[str, SSAValue | None] | None:
+    """``select(flag, copy_in(table), 0)`` (or the copy alone) -> (table, flag), else None."""
+    v = _strip(v)
+    flag = None
+    if isinstance(v.owner, ir.SelectOp) and _is_zero(v.owner.operands[2]) and _scalar_of(v.owner.operands[0]):
+        flag = _scalar_of(v.owner.operands[0])
+        v = _strip(v.owner.operands[1])
+    if isinstance(v.owner, t.CopyInOp) and v.owner.src in low.arg_of and (flag is None or flag in low.arg_of):
+        return low.arg_of[v.owner.src], flag
+    return None
+
+
+def _pattern(low: Lowering) -> tuple:
+    """(indices, grad, out, N dim, table-rows dim, keep conditions, factors, the add, initial) of
+    a scatter-add whose contribution is ``select(keep, row * factor, 0)`` with per-row scalars
+    (any of them absent), onto zero or an initial table (``initial`` = (table, flag) or None),
+    or TtUnsupported."""
     segs = [o for o in low.k.walk() if isinstance(o, t.SegmentsOp)]
     adds = [o for o in low.k.walk() if isinstance(o, t.AddRowOp)]
     outs = [o for o in low.k.walk() if isinstance(o, t.CopyOutOp)]
     ins = [o for o in low.k.walk() if isinstance(o, t.CopyInOp)]
-    plain = len(segs) == len(adds) == len(outs) == len(ins) == 1
+    initial = None
+    plain = len(segs) == len(adds) == len(outs) == 1 and len(ins) in (1, 2)
+    if plain:  # the copied-out value: the sums, or an initial table plus the sums
+        res = _strip(outs[0].value)
+        if isinstance(res.owner, ir.AddOp):
+            a, b = res.owner.operands
+            for x, y in ((a, b), (b, a)):
+                if _initial(x, low) is not None:
+                    initial, res = _initial(x, low), _strip(y)
+                    break
+        ins = [i for i in ins if initial is None or low.arg_of.get(i.src) != initial[0]]  # the grad rows
+        plain = len(ins) == 1
     keep: list[SSAValue] = []
     factors: list[SSAValue] = []
     if plain:
@@ -89,14 +113,14 @@ def _pattern(low: Lowering) -> tuple[str, str, str, str, str, list[SSAValue], li
                 break
         zero = [f for f in low.k.walk() if isinstance(f, t.ForOp) and f.inits
                 and isinstance(f.inits[0].owner, ir.BroadcastOp)]
-        # the sums start at zero and are what is copied out (no initial table added)
-        plain = v.owner is ins[0] and len(zero) == 1 and _is_zero(zero[0].inits[0]) and \
-            _strip(outs[0].value) is zero[0].res[0]
+        # the sums start at zero and are what is copied out (an initial table added, if any)
+        plain = v.owner is ins[0] and len(zero) == 1 and _is_zero(zero[0].inits[0]) and res is zero[0].res[0]
     if not plain or segs[0].idx not in low.arg_of or ins[0].src not in low.arg_of or outs[0].dst not in low.arg_of:
-        raise TtUnsupported(low.name, "scatter-adds onto an initial table or with contributions other than "
-                                      "select(keep(row), grad_row * factor(row), 0) (embedding_backward)")
+        raise TtUnsupported(low.name, "scatter-adds whose contributions are not select(keep(row), grad_row * "
+                                      "factor(row), 0) onto zero or an initial table")
     idx, grad, out = (low.arg_of[x] for x in (segs[0].idx, ins[0].src, outs[0].dst))
-    return idx, grad, out, low.args[grad].type.shape[0], low.args[out].type.shape[0], keep, factors, adds[0]
+    return (idx, grad, out, low.args[grad].type.shape[0], low.args[out].type.shape[0], keep, factors, adds[0],
+            initial)
 
 
 def _row_fn(low: Lowering, add: t.AddRowOp, keep: list[SSAValue], factors: list[SSAValue]) -> Region:
@@ -184,7 +208,7 @@ def _rows_dim(low: Lowering) -> str:
 
 def lower_scatter(low: Lowering) -> k.LaunchOp:
     """The launch of a plain scatter-add (see the module docstring)."""
-    idx, grad, out, n_dim, v_dim, keep, factors, add = _pattern(low)
+    idx, grad, out, n_dim, v_dim, keep, factors, add, initial = _pattern(low)
     gm_grad, gm_out = low.args[grad], low.args[out]
     fmt_in, fmt_out = low.gm_format(gm_grad), low.gm_format(gm_out)
     units = {}
@@ -194,8 +218,9 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
         units["vt"] = vt
         return low.host_op(ir.MulOp(vt, wt))
 
-    launch = low.begin_launch(0, host_units)
-    low.host_op(k.ScatterPlanOp(idx, "plan", low.host_op(ir.DimOp(n_dim)), low.host_op(ir.DimOp(v_dim)),
+    launch = low.begin_launch(low.launch_base, host_units)
+    plan_sym = f"plan{low.part or ''}"
+    low.host_op(k.ScatterPlanOp(idx, plan_sym, low.host_op(ir.DimOp(n_dim)), low.host_op(ir.DimOp(v_dim)),
                                 _row_fn(low, add, keep, factors)))
     r, c, w = low.r, low.c, low.w
     mb = low.cb("UInt32", 1, "plan header of the unit's table tile (batch count for compute)", "in")
@@ -203,6 +228,11 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     batch = low.cb(fmt_in, 2, "gathered grad rows (one batch)", "in")
     fac = low.cb("Float32", 1, "the table tile's row factors (column 0)", "in")
     low.copied.add(fac)
+    init = None
+    if initial is not None:
+        fmt_init = low.gm_format(low.args[initial[0]])
+        init = low.cb(fmt_init, 2, f"{initial[0]} (initial table tile)", "in")
+        low.copied.add(init)
     res = low.cb(fmt_out, 2, f"{out} (out)", "out")
     low.copied.add(batch)
     mbn, scn, bn, on, fn = (f"tt::CBIndex::c_{i}" for i in (mb, scratch, batch, res, fac))
@@ -223,7 +253,7 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
         return tt_, b.arith(ir.SubOp, u, b.arith(ir.MulOp, tt_, wt)), wt
 
     # reader
-    plan = r.accessor_named("plan", PLAN_PAGE)
+    plan = r.accessor_named(plan_sym, PLAN_PAGE)
     g = r.accessor(gm_grad, grad)
     r.top = True
     r.call("cb_reserve_back", scn, "1")
@@ -244,6 +274,14 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     r.call("cb_reserve_back", fn, "1")
     r.call("opgen_tt_col_tile", r.call("get_write_ptr", fn, result=True), scratch_l1)
     r.call("cb_push_back", fn, "1")
+    if init is not None:  # the table's tile (T, j), or zeros when the flag is off
+        tab = r.accessor(low.args[initial[0]], initial[0])
+        inn = f"tt::CBIndex::c_{init}"
+        flag = r.val(initial[1]) if initial[1] is not None else "1"
+        r.call("cb_reserve_back", inn, "1")
+        r.call("opgen_tt_read_tile_or_zero", tab, r.arith(ir.AddOp, r.arith(ir.MulOp, tt_, wt), j),
+               r.call("get_write_ptr", inn, result=True), str(TILE_BYTES[low.gm_format(low.args[initial[0]])]), flag)
+        r.call("cb_push_back", inn, "1")
     b = r.open_loop(r.const(1), r.arith(ir.AddOp, nb, r.const(1)), r.const(1), "b")
     r.call("noc_async_read_page", r.arith(ir.AddOp, first, b), plan, scratch_l1)
     r.call("noc_async_read_barrier")
@@ -274,6 +312,12 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
                  ("unary_bcast", fn, "0", "1"), ("mul_binary_tile_init",), ("mul_binary_tile", "0", "1", "0"),
                  ("cb_pop_front", fn, "1")):
         c.call(*call, template=("BroadcastType::COL",) if call[0].startswith("unary_bcast") else ())
+    if init is not None:  # the initial table's tile plus the sums
+        inn = f"tt::CBIndex::c_{init}"
+        for call in (("cb_wait_front", inn, "1"), ("reconfig_data_format_srca", inn), ("copy_init", inn),
+                     ("copy_tile", inn, "0", "1"), ("add_binary_tile_init",), ("add_binary_tile", "1", "0", "0"),
+                     ("cb_pop_front", inn, "1")):
+            c.call(*call)
     c.call("tile_regs_commit")
     c.call("cb_pop_front", mbn, "1")
     low.pack(res)
@@ -291,7 +335,7 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     w.call("cb_pop_front", on, "1")
     w.close_loop()
     w.call("noc_async_write_barrier")
-    return low.end_launch(launch, 0)
+    return low.end_launch(launch, low.launch_base)
 
 
 def _dim(low: Lowering, d: str) -> SSAValue:
