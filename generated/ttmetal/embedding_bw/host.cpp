@@ -129,11 +129,11 @@ static int opgen_tt_embedding_bw_bf16_resident(distributed::MeshDevice& mesh, co
     const int64_t v10 = v7 * v9;
     const int64_t v11 = std::min<int64_t>((int64_t)(grid.x * grid.y), v10 > 1 ? v10 : 1);
     const int64_t v12 = (int64_t)N;
-    const auto row_fn = [&](int64_t v, const std::vector<uint32_t>& prefix) {
+    const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
         return std::pair<bool, float>{1, 1.0f};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v12, (uint32_t)v1, plan, "embedding_bw.bf16", row_fn)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v12, (uint32_t)v1, plan, "embedding_bw.bf16", row_fn_plan)) return rc;
     const int64_t v13 = (1 > 1 ? 1 : 1);
     const int64_t v14 = (2 > 1 ? 2 : 1);
     const int64_t v15 = (int64_t)plan->address();
@@ -222,11 +222,11 @@ static int opgen_tt_embedding_bw_f32_resident(distributed::MeshDevice& mesh, con
     const int64_t v10 = v7 * v9;
     const int64_t v11 = std::min<int64_t>((int64_t)(grid.x * grid.y), v10 > 1 ? v10 : 1);
     const int64_t v12 = (int64_t)N;
-    const auto row_fn = [&](int64_t v, const std::vector<uint32_t>& prefix) {
+    const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
         return std::pair<bool, float>{1, 1.0f};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v12, (uint32_t)v1, plan, "embedding_bw.f32", row_fn)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v12, (uint32_t)v1, plan, "embedding_bw.f32", row_fn_plan)) return rc;
     const int64_t v13 = (1 > 1 ? 1 : 1);
     const int64_t v14 = (2 > 1 ? 2 : 1);
     const int64_t v15 = (int64_t)plan->address();

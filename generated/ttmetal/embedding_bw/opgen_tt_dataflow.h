@@ -91,3 +91,16 @@ inline void opgen_tt_col_tile(uint32_t l1_tile, uint32_t words) {
     for (uint32_t i = 0; i < 1024; ++i) t[i] = 0;
     for (uint32_t r = 0; r < 32; ++r) t[(r / 16) * 2 * 256 + (r % 16) * 16] = w[r];
 }
+
+/* page `page` of a tile-layout tensor into `l1`, or zeros when `read` is false */
+template <typename Accessor>
+inline void opgen_tt_read_tile_or_zero(const Accessor& src, uint32_t page, uint32_t l1, uint32_t tile_bytes,
+                                       uint32_t read) {
+    if (read) {
+        noc_async_read_page(page, src, l1);
+        noc_async_read_barrier();
+        return;
+    }
+    volatile tt_l1_ptr uint32_t* t = reinterpret_cast<volatile tt_l1_ptr uint32_t*>(l1);
+    for (uint32_t i = 0; i < tile_bytes / 4; ++i) t[i] = 0;
+}

@@ -132,7 +132,7 @@ static int opgen_tt_embedding_dense_backward_f32_resident(distributed::MeshDevic
     const int64_t v10 = v7 * v9;
     const int64_t v11 = std::min<int64_t>((int64_t)(grid.x * grid.y), v10 > 1 ? v10 : 1);
     const int64_t v12 = (int64_t)N;
-    const auto row_fn = [&](int64_t v, const std::vector<uint32_t>& prefix) {
+    const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
         const int64_t v13 = v / 32;
         const int64_t v14 = v13 * 32;
         const int64_t v15 = v - v14;
@@ -156,7 +156,7 @@ static int opgen_tt_embedding_dense_backward_f32_resident(distributed::MeshDevic
         return std::pair<bool, float>{v21, v32};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v12, (uint32_t)v1, plan, "embedding_dense_backward.f32", row_fn)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v12, (uint32_t)v1, plan, "embedding_dense_backward.f32", row_fn_plan)) return rc;
     const int64_t v33 = (1 > 1 ? 1 : 1);
     const int64_t v34 = (2 > 1 ? 2 : 1);
     const int64_t v35 = (int64_t)plan->address();
@@ -251,7 +251,7 @@ static int opgen_tt_embedding_dense_backward_bf16_resident(distributed::MeshDevi
     const int64_t v10 = v7 * v9;
     const int64_t v11 = std::min<int64_t>((int64_t)(grid.x * grid.y), v10 > 1 ? v10 : 1);
     const int64_t v12 = (int64_t)N;
-    const auto row_fn = [&](int64_t v, const std::vector<uint32_t>& prefix) {
+    const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
         const int64_t v13 = v / 32;
         const int64_t v14 = v13 * 32;
         const int64_t v15 = v - v14;
@@ -275,7 +275,7 @@ static int opgen_tt_embedding_dense_backward_bf16_resident(distributed::MeshDevi
         return std::pair<bool, float>{v21, v32};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v12, (uint32_t)v1, plan, "embedding_dense_backward.bf16", row_fn)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v12, (uint32_t)v1, plan, "embedding_dense_backward.bf16", row_fn_plan)) return rc;
     const int64_t v33 = (1 > 1 ? 1 : 1);
     const int64_t v34 = (2 > 1 ? 2 : 1);
     const int64_t v35 = (int64_t)plan->address();
