@@ -238,7 +238,7 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     mbn, scn, bn, on, fn = (f"tt::CBIndex::c_{i}" for i in (mb, scratch, batch, res, fac))
 
     def dim(b, d: str) -> SSAValue:
-        return b.val(_dim(low, d))
+        return b.val(low._dim(d))
 
     def wt_of(b) -> SSAValue:
         return b.val(low.tiles("D"))
@@ -336,9 +336,3 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     w.close_loop()
     w.call("noc_async_write_barrier")
     return low.end_launch(launch, low.launch_base)
-
-
-def _dim(low: Lowering, d: str) -> SSAValue:
-    op = ir.DimOp(d)
-    low._scratch.add_op(op)
-    return op.results[0]
