@@ -25,7 +25,8 @@ from opgen.emit import ttmetal
 from tests.ttmetal_model import build as model_build
 
 REPO = Path(__file__).resolve().parent.parent
-NP = {"bf16": ml_dtypes.bfloat16, "f32": np.float32}
+NP = {"bf16": ml_dtypes.bfloat16, "f32": np.float32, "u8": np.uint8, "bool": np.bool_, "i32": np.int32,
+      "i64": np.int64}
 #: opgen_tt::IndexType of a numpy index dtype
 INDEX_TYPES = {"uint32": 0, "int32": 1, "int64": 2, "int16": 3, "int8": 4, "uint8": 5}
 

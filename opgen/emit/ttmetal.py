@@ -13,6 +13,7 @@ from typing import ClassVar
 from xdsl.dialects.builtin import FloatAttr, IntAttr, ModuleOp
 from xdsl.ir import Operation, SSAValue
 
+from opgen import dtypes
 from opgen.emit.render import render
 from opgen.ir import dialect as ir
 from opgen.tile import dialect as t
@@ -31,7 +32,7 @@ KERNEL_HEADERS = {
                 "api/compute/eltwise_unary/fill.h", "api/compute/eltwise_unary/bitwise.h",
                 "api/compute/copy_dest_values.h", "api/compute/mask.h", "api/compute/reduce.h",
                 "api/compute/reconfig_data_format.h", "api/compute/pack.h", "api/compute/reg_api.h",
-                "api/compute/cb_api.h"],
+                "api/compute/cb_api.h", "api/compute/matmul.h"],
 }
 
 
@@ -180,7 +181,16 @@ class HostPrinter(Scalars):
             return f"(int64_t)prefix[(size_t)({a[0]})]"
         if isinstance(op, k.BitsOp):
             return f"(int64_t)opgen_tt_bits({a[0]})"
+        if isinstance(op, k.HostLoadOp):
+            src = f"data_{op.arg.data}"
+            if op.bit.data:
+                packed = "true" if self.arg_dtype(op.arg.data) == "u8" else "false"
+                return f"opgen_tt_host_flag({src}, {a[0]}, {packed})"
+            return f"opgen_tt_host_load<{dtypes.by_name(self.arg_dtype(op.arg.data)).c_type}>({src}, {a[0]})"
         raise NotImplementedError(op.name)
+
+    def arg_dtype(self, name: str) -> str:
+        return self.p.arg_types.data[[a.data for a in self.p.arg_names.data].index(name)].dtype
 
     def dims(self) -> list[str]:
         return sorted({o.dim.data for o in self.p.walk() if isinstance(o, ir.DimOp)})
@@ -253,6 +263,27 @@ class HostPrinter(Scalars):
             call = (f"opgen_tt_scatter_plan(mesh, {op.indices.data}, index_dtype, (uint32_t){self.name(op.n)}, "
                     f'(uint32_t){self.name(op.rows)}, {op.sym.data}, "{self.p.sym_name.data}", {fn})')
             self.line(f"if (int rc = {call}) return rc;")
+        elif isinstance(op, k.RowCheckOp):
+            msg = op.message.data.replace('"', '\\"')
+            self.line(f"{{  // checks on tensor data: {msg}")
+            self.indent += 1
+            for name in (a.data for a in op.reads.data):
+                self.line(f"std::vector<uint8_t> data_{name};")
+                self.line(f"{{ auto buf = {name}; distributed::EnqueueReadMeshBuffer(cq, data_{name}, buf, true); }}")
+            v = op.row_fn.block.args[0]
+            self.names[v] = self.fresh("row")
+            self.line(f"for (int64_t {self.names[v]} = 0; {self.names[v]} < {self.name(op.rows)}; "
+                      f"++{self.names[v]}) {{")
+            self.indent += 1
+            for o in op.row_fn.block.ops:
+                if isinstance(o, k.RowOkOp):
+                    self.line(f'if (!({self.name(o.ok)})) return opgen_tt_error("{self.p.sym_name.data}: {msg}");')
+                else:
+                    self.define(o)
+            self.indent -= 1
+            self.line("}")
+            self.indent -= 1
+            self.line("}")
         elif isinstance(op, k.ReturnIfOp):
             self.line(f"if ({self.name(op.cond)}) return 0;  // every output is empty")
         elif isinstance(op, k.CheckOp):
@@ -324,13 +355,13 @@ def prog_args(prog: k.ProgramOp) -> list[dict]:
     """The host function's tensor and scalar parameters (name, kind, dtype, shape dims)."""
     out = []
     plans = {o.indices.data for o in prog.walk() if isinstance(o, k.ScatterPlanOp)}
-    read = {o.arg.data for o in prog.walk() if isinstance(o, k.BufferAddrOp)} | plans
+    read = {o.arg.data for o in prog.walk() if isinstance(o, k.BufferAddrOp | k.HostLoadOp)} | plans
     for n, kd, ty, lay in zip(prog.arg_names.data, prog.arg_kinds.data, prog.arg_types.data,
                               prog.attributes["layouts"].data, strict=True):
         if n.data != "workspace":
             a = {"name": n.data, "kind": kd.data, "dtype": ty.dtype, "shape": list(ty.shape)}
             if kd.data == "tensor":
-                elem = 2 if ty.dtype == "bf16" else 4
+                elem = max(dtypes.by_name(ty.dtype).bits // 8, 1)
                 a["layout"] = lay.data
                 a["page_size"] = 1024 * elem if lay.data == "tile" else 32 * elem
                 if n.data in plans:  # indices of any IndexType: pages of 32 of them
@@ -407,7 +438,8 @@ def launch_entry(ln: k.LaunchOp, var: str, files: dict[str, str]) -> dict:
             le["cbs"].append({"index": o.index.data, "format": o.format.data, "page_size": o.page.data,
                               "holds": o.what.data})
         if isinstance(o, k.KernelOp):
-            files[f"{var}/{o.file.data}"] = KernelPrinter(o, var, ln.index.data).print()
+            # (named without its dtypes: the same kernel of two instances is the same text, one JIT build)
+            files[f"{var}/{o.file.data}"] = KernelPrinter(o, var.split(".")[0], ln.index.data).print()
             pages = {a.sym.data: a.page.data for a in o.body.block.ops if isinstance(a, k.AccessorOp)}
             le["kernels"].append({
                 "file": f"{var}/{o.file.data}", "role": o.role.data,

@@ -215,6 +215,54 @@ class RowYieldOp(IRDLOperation):
 
 
 @irdl_op_definition
+class RowCheckOp(IRDLOperation):
+    """Host: a check on tensor data (the tile level's kernel of checks), before any launch. It
+    reads tensors ``reads`` (one blocking read each) and runs ``row_fn`` (block argument: the row)
+    for every row in ``[0, rows)``; the first row it yields false for makes the host function
+    return an error with ``message``, before anything is enqueued."""
+
+    name = "ttk.row_check"
+    reads = prop_def(ArrayAttr[StringAttr])
+    message = prop_def(StringAttr)
+    rows = operand_def(TensorType)
+    row_fn = region_def("single_block")
+
+    def __init__(self, reads: Sequence[str], message: str, rows: SSAValue, row_fn: Region):
+        super().__init__(operands=[rows], regions=[row_fn], properties={
+            "reads": ArrayAttr([StringAttr(r) for r in reads]), "message": StringAttr(message)})
+
+
+@irdl_op_definition
+class RowOkOp(IRDLOperation):
+    """Terminator of a row check's row function: whether the row passes (bool)."""
+
+    name = "ttk.row_ok"
+    ok = operand_def(TensorType)
+    traits = traits_def(IsTerminator())
+
+    def __init__(self, ok: SSAValue):
+        super().__init__(operands=[ok])
+
+
+@irdl_op_definition
+class HostLoadOp(IRDLOperation):
+    """Host, in a row check: element ``pos`` of tensor argument ``arg`` as read by the check
+    (``bit``: flag ``pos`` of a mask — bit ``pos % 8`` of byte ``pos / 8`` of a u8 tensor, LSB
+    first, or element ``pos`` of a bool one)."""
+
+    name = "ttk.host_load"
+    arg = prop_def(StringAttr)
+    bit = prop_def(IntAttr)
+    pos = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, arg: str, pos: SSAValue, result_type: Attribute, bit: bool = False):
+        super().__init__(operands=[pos], result_types=[result_type],
+                         properties={"arg": StringAttr(arg), "bit": IntAttr(int(bit))})
+
+
+@irdl_op_definition
 class ReturnIfOp(IRDLOperation):
     """Host: the program has nothing to do when ``cond`` holds (every output is empty): the host
     function returns success before any launch."""
@@ -366,5 +414,6 @@ class CallOp(IRDLOperation):
 
 
 Ttk = Dialect("ttk", [ProgramOp, LaunchOp, CoresOp, CoreIndexOp, BufferAddrOp, ScalarArgOp, BitsOp, WorkspaceOp,
-                      ScatterPlanOp, SegPrefixOp, RowYieldOp, ReturnIfOp, CheckOp, CbOp, KernelOp, ArgOp,
+                      ScatterPlanOp, SegPrefixOp, RowYieldOp, RowCheckOp, RowOkOp, HostLoadOp, ReturnIfOp, CheckOp,
+                      CbOp, KernelOp, ArgOp,
                       AccessorOp, CallOp], [])

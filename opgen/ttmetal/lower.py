@@ -44,6 +44,7 @@ from opgen import dtypes
 from opgen.ir import dialect as ir
 from opgen.tile import dialect as t
 from opgen.tile.lower import TileUnsupported
+from opgen.ttmetal import chain
 from opgen.ttmetal import dialect as k
 from opgen.ttmetal.sizes import TILE
 
@@ -70,7 +71,7 @@ SFPU_UNARY = {ir.RsqrtOp: "rsqrt", ir.RecipOp: "recip", ir.ExpOp: "exp", ir.Sigm
 #: the tile-level ops this lowering handles (anything else: TtUnsupported naming it)
 LOWERED = (t.KernelOp, t.TilingOp, t.ParamOp, t.BlockIdxOp, t.BlockNumOp, t.ForOp, t.YieldOp, t.SyncAllOp,
            t.WorkspaceOp, t.CopyInOp, t.CopyOutOp, t.ReduceOp, ir.BroadcastOp, ir.CastOp, ir.CheckOp, *SFPU_UNARY,
-           *SCALAR_OPS)
+           *SCALAR_OPS, t.MatmulOp, t.FenceOp, t.LoadOp, t.LoadBitOp, t.SetAtOp)
 #: what the scatter-add lowering (opgen/ttmetal/scatter.py) reads of the tile level
 SCATTER_OPS = (t.SegmentsOp, t.SegStartOp, t.SegAtOp, t.AddRowOp)
 WHAT = {t.SegmentsOp: "owner-computes scatter-add segments", t.SegStartOp: "scatter-add segments",
@@ -384,13 +385,22 @@ class Lowering:
         return self.host_op(ir.DivOp(self.host_op(ir.AddOp(d, self.hconst(TILE - 1))), self.hconst(TILE)))
 
     def layout(self, gm: SSAValue) -> str:
-        """``row`` for a 1-d tensor and the workspace (row vectors in pages of 32 elements: a row
-        value moves 32 elements per tile, not 1024), ``tile`` for the rest."""
-        return "row" if len(gm.type.shape) == 1 or isinstance(gm.owner, t.WorkspaceOp) else "tile"
+        """``row`` for a 1-d tensor and the workspace of partial rows (row vectors in pages of 32
+        elements: a row value moves 32 elements per tile, not 1024), ``tile`` for the rest (a matmul
+        chain's workspace too: products and blocks of ``G``)."""
+        if len(gm.type.shape) == 1:
+            return "row"
+        if isinstance(gm.owner, t.WorkspaceOp):
+            return "tile" if self.is_chain else "row"
+        return "tile"
+
+    @property
+    def is_chain(self) -> bool:
+        return any(isinstance(o, t.MatmulOp) for o in self.k.walk())
 
     def page_bytes(self, gm: SSAValue) -> int:
-        fmt = self.gm_format(gm)
-        return TILE_BYTES[fmt] if self.layout(gm) == "tile" else TILE * TILE_BYTES[fmt] // (TILE * TILE)
+        """A tile (1,024 elements) or a row page (32 elements)."""
+        return (TILE * TILE if self.layout(gm) == "tile" else TILE) * chain.elem_bytes(gm.type.dtype)
 
     def gm_format(self, gm: SSAValue) -> str:
         return FORMAT.get(gm.type.dtype, "Float32") if isinstance(gm.type, t.GmType) else "Float32"
@@ -400,12 +410,15 @@ class Lowering:
             return self.arg_of[gm]
         if isinstance(gm.owner, t.WorkspaceOp):
             sym = f"ws{self.part or ''}_{gm.owner.offset.data}"  # one DRAM buffer per workspace region
-            if sym not in self.ws_done:  # one tile row per row of the region
+            if sym not in self.ws_done:  # one page row per row of the region (row layout), or tiles
                 rows, cols = gm.type.shape
                 nrows = self.host_val(self.params[rows]) if rows in self.params else self.hconst(int(rows))
+                if self.layout(gm) == "tile":
+                    nrows = self.host_op(ir.DivOp(self.host_op(ir.AddOp(nrows, self.hconst(TILE - 1))),
+                                                  self.hconst(TILE)))
                 tiles = self.host_op(ir.MulOp(nrows, self.host_tiles(cols)))
                 tiles = self.host_op(ir.MaxOp(tiles, self.hconst(1)))  # (a buffer has at least one page)
-                page = TILE * 4  # f32 row vectors, 32 elements a page
+                page = self.page_bytes(gm)
                 self.host_op(k.WorkspaceOp(sym, self.host_op(ir.MulOp(tiles, self.hconst(page))), page))
                 self.ws_done.add(sym)
             return sym
@@ -466,9 +479,11 @@ class Lowering:
                 phases[-1].append(op)
         return [self.launch(self.launch_base + i, ops) for i, ops in enumerate(phases)]
 
-    def finish_program(self, prog: k.ProgramOp, kernels: list[t.KernelOp]) -> k.ProgramOp:
+    def finish_program(self, prog: k.ProgramOp, kernels: list[t.KernelOp],
+                       checks: list[t.KernelOp] = ()) -> k.ProgramOp:
         """The layouts of the program's tensors; first of all on the host, the kernels' argument
-        checks, then its return when every output of every part is empty."""
+        checks, then the checks on tensor data (``checks``: kernels of checks), then its return
+        when every output of every part is empty."""
         from xdsl.dialects.builtin import ArrayAttr
         prog.attributes["layouts"] = ArrayAttr([StringAttr(self.layout(a) if isinstance(a.type, t.GmType) else "-")
                                                 for a in self.k.body.block.args])
@@ -476,8 +491,32 @@ class Lowering:
         assert isinstance(first, k.LaunchOp)
         self.host = first.body.block
         self.nothing_to_do(first, kernels)
+        self.data_checks(first, kernels, checks)
         self.arg_checks(first)
         return prog
+
+    def data_checks(self, first: k.LaunchOp, kernels: list[t.KernelOp], checks: list[t.KernelOp]) -> None:
+        """Host, before the return when outputs are empty: the checks on tensor data (host row
+        checks, opgen/ttmetal/chain.py), and for matmul chains that every tensor's element offsets
+        fit the kernels' 32-bit arithmetic."""
+        tmp = Block()
+        self.host, self.hmap = tmp, {}
+        for kn in checks:
+            for rc in chain.row_checks(self, kn):
+                self.host_op(rc)
+        if any(isinstance(o, t.MatmulOp) for kn in kernels for o in kn.walk()):
+            for name, a in self.args.items():
+                if isinstance(a.type, t.GmType) and len(a.type.shape) == 2:
+                    r, c = (self.host_tiles(d) for d in a.type.shape)
+                    n = self.host_op(ir.MulOp(self.host_op(ir.MulOp(r, c)), self.hconst(TILE * TILE)))
+                    self.host_op(k.CheckOp(self.host_op(ir.CmpOp("le", n, self.hconst(2**32 - 1))),
+                                           f"{name} has more than 2^32 - 1 elements (kernels index elements in "
+                                           "32 bits)", arg=True))
+        anchor = first.body.block.first_op
+        for o in list(tmp.ops):
+            o.detach()
+            Rewriter.insert_op(o, InsertPoint.before(anchor) if anchor else InsertPoint.at_end(first.body.block))
+        self.host = first.body.block
 
     def arg_checks(self, first: k.LaunchOp) -> None:
         """The kernel's ``opgen.check``s on its scalar arguments, as host checks before anything."""
@@ -550,11 +589,14 @@ class Lowering:
         self.masks: list[dict[tuple[str, SSAValue], int]] = [{}]  # per scope: mask CBs by count
         self.copied: set[int] = set()
         self.scratch: dict[str, int] = {}  # CBs read by copy_tile / unary_bcast: unpacked to DST in f32
+        self.fence_cb = self.scratch_cb = -1  # matmul chains (opgen/ttmetal/chain.py)
+        self.scratch_l1: SSAValue | None = None
         self.at_top(self.c, "compute_kernel_hw_startup", "tt::CBIndex::c_0", "tt::CBIndex::c_0")
         return launch
 
     def end_launch(self, launch: k.LaunchOp, index: int) -> k.LaunchOp:
         """Pop what is left, plan L1 and add the CBs and kernels to ``launch``."""
+        chain.end_scratch(self)
         self.close_scope()
         self.plan_l1(launch, index)
         for b in self.b:
@@ -619,6 +661,12 @@ class Lowering:
             return self.copy_out(op)
         if isinstance(op, t.ReduceOp):
             return self.reduce(op)
+        if isinstance(op, t.MatmulOp):
+            return chain.matmul(self, op)
+        if isinstance(op, t.FenceOp):
+            return chain.fence(self)
+        if isinstance(op, (t.LoadOp, t.LoadBitOp, t.SetAtOp)):
+            raise TtUnsupported(self.name, f"{op.name} outside a tile built element by element")
         if isinstance(op, ir.BroadcastOp):
             src = op.operands[0]
             sk, rk = kind(src), kind(op.results[0])
@@ -635,6 +683,9 @@ class Lowering:
             return
         if isinstance(op, ir.CastOp):
             self.env[op.results[0]] = self.env[op.operands[0]]  # compute is f32; the pack converts
+            if ir.tensor_type(op.results[0]).dtype == "bf16" and kind(op.results[0]) in ("full", "row") and \
+                    any(not isinstance(u.operation, t.CopyOutOp) for u in op.results[0].uses):
+                self.round_bf16(op.results[0])  # used in math: rounded here, as the pack would
             return
         if type(op) in SFPU_BINARY:
             a, b = (self.node(o) for o in op.operands)
@@ -650,7 +701,21 @@ class Lowering:
             return Node("scalar", scalar=v)
         return self.env[v]
 
+    def round_bf16(self, v: SSAValue) -> None:
+        """``v`` (a cast to bf16 that later math reads) stored into a bf16 CB — the packer rounds —
+        and read back from it: every tile of its capacity, so that no reservation wraps."""
+        dim = ir.tensor_type(v).shape[1]
+        cb = self.cb("Float16_b", dim, "rounded to bf16 (read by later math)")
+        cap = self.c.val(self.cap_tiles(dim))
+        self.store_tiles(self.env[v], cb, cap)
+        self.copied.add(cb)
+        self.c.call("cb_wait_front", f"tt::CBIndex::c_{cb}", cap)
+        self.scopes[-1].append((cb, cap))
+        self.env[v] = Node("leaf", cb=cb, mode="tile", n=self.env[v].tiles())
+
     def lower_for(self, op: t.ForOp) -> None:
+        if chain.is_one_hot(op):
+            return chain.one_hot(self, op)
         carried = list(op.inits)
         accs = []
         for init in carried:
@@ -729,6 +794,8 @@ class Lowering:
         if dim not in self._tiles:
             if dim == "CC":
                 ops = [ir.ConstantOp(1, "i64")]
+            elif dim.isdigit():  # (a chain's workspace: a fixed number of columns)
+                ops = [ir.ConstantOp((int(dim) + TILE - 1) // TILE, "i64")]
             else:
                 d, c31, c32 = ir.DimOp(dim), ir.ConstantOp(TILE - 1, "i64"), ir.ConstantOp(TILE, "i64")
                 add = ir.AddOp(d.results[0], c31.results[0])
@@ -754,6 +821,8 @@ class Lowering:
     def copy_in(self, op: t.CopyInOp) -> None:
         v = op.results[0]
         kd = kind(v)
+        if kd == "col":
+            return chain.copy_in_col(self, op)
         if kd not in ("full", "row"):
             raise TtUnsupported(self.name, f"copying in a {kd} tile")
         gm = op.src
@@ -1144,18 +1213,20 @@ class LowerToTtKernel(ModulePass):
         # the parts of one instance (same name) run one after the other: one program
         groups: dict[str, list[t.KernelOp]] = {}
         for kern in list(op.body.block.ops):
-            if isinstance(kern, t.KernelOp):  # (parts are named <instance>.part<i>[.streamed])
-                groups.setdefault(re.sub(r"\.part\d+", "", kern.sym_name.data), []).append(kern)
+            if isinstance(kern, t.KernelOp):  # (parts are named <instance>.part<i>[.streamed], checks .check)
+                groups.setdefault(re.sub(r"\.(part\d+|check)", "", kern.sym_name.data), []).append(kern)
         for name, kerns in groups.items():
             kerns.sort(key=lambda kn: kn.attributes["part"].data if "part" in kn.attributes else 0)
-            low = Lowering(kerns[0])
+            checks = [kn for kn in kerns if kn.attributes.get("schedule") == StringAttr("check")]
+            parts = [kn for kn in kerns if kn not in checks]
+            low = Lowering(parts[0])
             low.name = name
             prog = low.program()
-            for i, kern in enumerate(kerns):
+            for i, kern in enumerate(parts):
                 part = low if i == 0 else Lowering(kern, launch_base=len(list(prog.body.block.ops)), part=i)
                 for ln in part.launches():
                     prog.body.block.add_op(ln)
-            low.finish_program(prog, kerns)
+            low.finish_program(prog, parts, checks)
             op.body.block.insert_op_before(prog, kerns[0])
             for kern in kerns:
                 op.body.block.erase_op(kern)

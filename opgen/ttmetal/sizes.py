@@ -16,7 +16,7 @@ function runs the first whose CBs fit L1 (opgen/emit/ttmetal.py).
 from __future__ import annotations
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, StringAttr
 from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -24,6 +24,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from opgen.ir import dialect as ir
 from opgen.tile import dialect as t
 from opgen.tile.dialect import INDEX
+from opgen.tile.sizes import CHAIN_BLOCK, CHAIN_SPAN
 
 TILE = 32
 #: the most groups (partial rows) a row walk is split into: one per core of an 8x8 grid
@@ -46,6 +47,9 @@ class SizeTilesTt(ModulePass):
             for o in list(tiling.body.block.ops):
                 tiling.body.block.erase_op(o)
             b = _Builder(tiling.body.block)
+            if k.attributes.get("schedule") == StringAttr("chain"):
+                self.size_chain(k, b)
+                continue
             one, tile = b.const(1), b.const(TILE)
             n = b.op(ir.DimOp("N")) if _uses_dim(k, "N") else one
             tiles = b.ceil_div(n, tile)
@@ -64,6 +68,32 @@ class SizeTilesTt(ModulePass):
                 b.set("groups", b.ceil_div(tiles, group))
             b.set("col_chunk", tile)
             b.set("col_chunks", b.ceil_div(d, tile))
+
+
+    @staticmethod
+    def size_chain(k: t.KernelOp, b: _Builder) -> None:
+        """A matmul chain (opgen/tile/chain.py, opgen/ttmetal/chain.py): blocks of ``CHAIN_BLOCK``
+        output rows (a multiple of 32: whole tiles) walked in 32-row tiles of ``CHAIN_BLOCK``
+        columns, spans of ``CHAIN_SPAN`` of the other dim; each core's workspace region is
+        ``CHAIN_BLOCK`` rows (products and G: ``g_rows``). None of it depends on the number of
+        cores but the workspace's size, so results are the same on any grid."""
+        tile, blk = b.const(TILE), b.const(CHAIN_BLOCK)
+        own, oth, *widths = (b.op(ir.DimOp(x.data)) for x in k.attributes["blocks"].data)  # type: ignore[attr-defined]
+        zero = b.const(0)
+        empty = b.op(ir.CmpOp("eq", own, zero))
+        for w in widths:
+            empty = b.op(ir.OrOp(empty, b.op(ir.CmpOp("eq", w, zero))))
+        b.set("rows", tile)
+        b.set("chunk", blk)
+        b.set("col_chunk", blk)
+        b.set("blk", blk)
+        blocks = b.op(ir.SelectOp(empty, zero, b.ceil_div(own, blk)))
+        b.set("blocks", blocks)
+        b.set("groups", blocks)
+        b.set("xblocks", b.ceil_div(oth, b.const(CHAIN_SPAN)))
+        cores = b.op(t.BlockNumOp())
+        b.set("ws_rows", b.op(ir.MulOp(cores, blk)))
+        b.set("ws_grows", b.op(ir.MulOp(cores, b.const(k.attributes["g_rows"].data))))  # type: ignore[attr-defined]
 
 
 def _uses_dim(k: t.KernelOp, dim: str) -> bool:

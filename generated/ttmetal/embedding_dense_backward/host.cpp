@@ -21,6 +21,21 @@ int opgen_tt_error(const char* msg) {
     return 1;
 }
 
+/* element i of a tensor read back from the device (a row check): T's value, widened */
+template <typename T>
+[[maybe_unused]] int64_t opgen_tt_host_load(const std::vector<uint8_t>& data, int64_t i) {
+    T v{};
+    if (i >= 0 && (size_t)(i + 1) * sizeof(T) <= data.size()) std::memcpy(&v, data.data() + (size_t)i * sizeof(T), sizeof(T));
+    return (int64_t)v;
+}
+
+/* flag i of a mask read back: bit i % 8 of byte i / 8 (LSB first) when packed, else byte i != 0 */
+[[maybe_unused]] bool opgen_tt_host_flag(const std::vector<uint8_t>& data, int64_t i, bool packed) {
+    const int64_t byte = packed ? i / 8 : i;
+    if (i < 0 || (size_t)byte >= data.size()) return false;
+    return packed ? ((data[(size_t)byte] >> (i % 8)) & 1) != 0 : data[(size_t)byte] != 0;
+}
+
 /* the first n cores of the grid, row by row */
 CoreRangeSet opgen_tt_cores(CoreCoord grid, uint32_t n) {
     std::vector<CoreRange> ranges;

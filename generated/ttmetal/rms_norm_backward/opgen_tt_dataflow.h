@@ -104,3 +104,102 @@ inline void opgen_tt_read_tile_or_zero(const Accessor& src, uint32_t page, uint3
     volatile tt_l1_ptr uint32_t* t = reinterpret_cast<volatile tt_l1_ptr uint32_t*>(l1);
     for (uint32_t i = 0; i < tile_bytes / 4; ++i) t[i] = 0;
 }
+
+/* ---- matmul chains (opgen/ttmetal/chain.py) ---- */
+
+/* element (r, c) of a 32x32 tile in face layout */
+inline uint32_t opgen_tt_face_index(uint32_t r, uint32_t c) { return ((r / 16) * 2 + c / 16) * 256 + (r % 16) * 16 + c % 16; }
+
+inline void opgen_tt_zero_l1(uint32_t l1, uint32_t bytes) {
+    volatile tt_l1_ptr uint32_t* p = reinterpret_cast<volatile tt_l1_ptr uint32_t*>(l1);
+    for (uint32_t i = 0; i < bytes / 4; ++i) p[i] = 0;
+}
+
+/* element `pos` of a row-layout tensor (pages of 32 elements of `elem` bytes): its aligned 32 bytes
+ * are read into `scratch`; the low 32 bits of the element (zero-extended) */
+template <typename Accessor>
+inline uint32_t opgen_tt_load_elem(const Accessor& src, uint32_t elem, uint32_t pos, uint32_t scratch) {
+    const uint32_t byte = (pos % 32) * elem, chunk = byte & ~31u;
+    noc_async_read(src.get_noc_addr(pos / 32, chunk), scratch, 32);
+    noc_async_read_barrier();
+    const uint32_t at = scratch + (byte - chunk);
+    if (elem == 1) return *reinterpret_cast<volatile tt_l1_ptr uint8_t*>(at);
+    if (elem == 2) return *reinterpret_cast<volatile tt_l1_ptr uint16_t*>(at);
+    return *reinterpret_cast<volatile tt_l1_ptr uint32_t*>(at);
+}
+
+/* flag `pos` of a mask: bit pos % 8 of byte pos / 8 (LSB first) when `packed`, else byte pos != 0 */
+template <typename Accessor>
+inline uint32_t opgen_tt_load_bit(const Accessor& src, uint32_t packed, uint32_t pos, uint32_t scratch) {
+    if (packed) return (opgen_tt_load_elem(src, 1, pos / 8, scratch) >> (pos % 8)) & 1u;
+    return opgen_tt_load_elem(src, 1, pos, scratch) != 0 ? 1u : 0u;
+}
+
+/* element (row, col) of consecutive 32-bit tiles at `l1` (tile col / 32) set to `bits` when col < ncols
+ * (unsigned: a negative column, wrapped, is never below ncols) */
+inline void opgen_tt_set_word(uint32_t l1, uint32_t row, uint32_t col, uint32_t ncols, uint32_t bits) {
+    if (col >= ncols) return;
+    volatile tt_l1_ptr uint32_t* p = reinterpret_cast<volatile tt_l1_ptr uint32_t*>(l1 + (col / 32) * 4096);
+    p[opgen_tt_face_index(row, col % 32)] = bits;
+}
+
+/* a tile whose column 0 holds elements [row0, row0 + n) of a row-layout tensor (n <= 32), zero elsewhere */
+template <typename Accessor>
+inline void opgen_tt_col_from_row(const Accessor& src, uint32_t elem, uint32_t row0, uint32_t n, uint32_t l1,
+                                  uint32_t scratch) {
+    opgen_tt_zero_l1(l1, 1024 * elem);
+    uint32_t cur = 0xFFFFFFFFu;
+    for (uint32_t i = 0; i < n; ++i) {
+        const uint32_t pos = row0 + i, byte = (pos % 32) * elem, chunk = byte & ~31u, key = (pos / 32) * 8 + chunk / 32;
+        if (key != cur) {
+            noc_async_read(src.get_noc_addr(pos / 32, chunk), scratch, 32);
+            noc_async_read_barrier();
+            cur = key;
+        }
+        const uint32_t from = scratch + (byte - chunk), to = l1 + opgen_tt_face_index(i, 0) * elem;
+        if (elem == 2) {
+            *reinterpret_cast<volatile tt_l1_ptr uint16_t*>(to) = *reinterpret_cast<volatile tt_l1_ptr uint16_t*>(from);
+        } else {
+            *reinterpret_cast<volatile tt_l1_ptr uint32_t*>(to) = *reinterpret_cast<volatile tt_l1_ptr uint32_t*>(from);
+        }
+    }
+}
+
+/* zero the elements of a tile outside rows [0, rows) and columns [0, cols) (a product's inner-dim tail:
+ * tile padding is not data, and 0 x NaN would be NaN) */
+inline void opgen_tt_keep(uint32_t l1, uint32_t elem, uint32_t rows, uint32_t cols) {
+    if (rows >= 32 && cols >= 32) return;
+    for (uint32_t r = 0; r < 32; ++r) {
+        for (uint32_t c = 0; c < 32; ++c) {
+            if (r < rows && c < cols) continue;
+            const uint32_t at = l1 + opgen_tt_face_index(r, c) * elem;
+            if (elem == 2) {
+                *reinterpret_cast<volatile tt_l1_ptr uint16_t*>(at) = 0;
+            } else {
+                *reinterpret_cast<volatile tt_l1_ptr uint32_t*>(at) = 0;
+            }
+        }
+    }
+}
+
+/* a 32x32 tile transposed in place (the matrix unit transposes only its second operand) */
+inline void opgen_tt_transpose(uint32_t l1, uint32_t elem) {
+    for (uint32_t r = 0; r < 32; ++r) {
+        for (uint32_t c = r + 1; c < 32; ++c) {
+            const uint32_t a = l1 + opgen_tt_face_index(r, c) * elem, b = l1 + opgen_tt_face_index(c, r) * elem;
+            if (elem == 2) {
+                volatile tt_l1_ptr uint16_t* pa = reinterpret_cast<volatile tt_l1_ptr uint16_t*>(a);
+                volatile tt_l1_ptr uint16_t* pb = reinterpret_cast<volatile tt_l1_ptr uint16_t*>(b);
+                const uint16_t x = *pa;
+                *pa = *pb;
+                *pb = x;
+            } else {
+                volatile tt_l1_ptr uint32_t* pa = reinterpret_cast<volatile tt_l1_ptr uint32_t*>(a);
+                volatile tt_l1_ptr uint32_t* pb = reinterpret_cast<volatile tt_l1_ptr uint32_t*>(b);
+                const uint32_t x = *pa;
+                *pa = *pb;
+                *pb = x;
+            }
+        }
+    }
+}

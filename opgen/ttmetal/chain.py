@@ -1,0 +1,337 @@
+"""Matmul chains on TT-Metal: the tile level's chain kernels (opgen/tile/chain.py) and their kernel
+of data checks, lowered by ``lower-to-ttkernel`` (opgen/ttmetal/lower.py calls these).
+
+A chain kernel walks, per core, blocks of output rows; per span of the other dim it recomputes a
+product into the core's region of the workspace, computes ``G`` from it tile by tile, multiplies
+``G`` (split into a rounded high part and its rounded remainder) and adds the product into the
+block's f32 accumulator. On Tensix:
+
+* **``tile.matmul``** -> a unit of all three kernels. Per output tile ``(i, j)`` the reader reads
+  the inner dim's tiles of A and B, one pair at a time, into two double-buffered CBs; compute
+  accumulates ``matmul_tiles`` over them in one DST section (f32 accumulation, the inner tiles in
+  order: the same sum on any grid) and packs the tile; the writer writes it. The matrix unit
+  transposes its second operand itself (``matmul_init(.., transpose)``); a transposed first
+  operand is transposed by the reader in L1. The inner dim's last tile has its tail zeroed by the
+  reader (tile padding is not data, and 0 x NaN is NaN). Operands are bf16: the FPU multiplies
+  them exactly (f32 operands would be read as TF32), products are summed in f32.
+* **``tile.fence``** (the core's DRAM writes complete before its later reads): the writer waits
+  for its writes (``noc_async_write_barrier``) and pushes a token into a one-page CB, which the
+  reader waits for and pops before its next read.
+* **One-hot tiles** (a ``tile.for`` building a tile with ``tile.set_at`` from scalar loads): the
+  reader builds the tile in L1 — zeroed pages, the loop's scalars evaluated by the reader
+  (``tile.load`` / ``tile.load_bit`` read an element of a row-layout tensor) and one word set
+  per row.
+* **Col values of 1-d tensors** (``[R, 1]``: ``logits_max`` at the block's rows) -> column 0 of
+  a tile, built by the reader from the row-layout tensor.
+* **The kernel of checks** (``schedule = "check"``: ``tile.fail_unless`` over rows) -> host row
+  checks (``ttk.row_check``): the host reads the tensors (blocking) and evaluates the condition
+  per row before anything is enqueued; a failing row is an error, nothing is written.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from xdsl.ir import Block, Region, SSAValue
+
+from opgen import dtypes
+from opgen.ir import dialect as ir
+from opgen.tile import dialect as t
+from opgen.ttmetal import dialect as k
+from opgen.ttmetal.sizes import TILE
+
+if TYPE_CHECKING:
+    from opgen.ttmetal.lower import KernelBuilder, Lowering
+
+#: the scalar ops a host row check re-evaluates
+_HOST_SCALARS = (ir.ConstantOp, ir.DimOp, ir.AddOp, ir.SubOp, ir.MulOp, ir.DivOp, ir.MinOp, ir.MaxOp, ir.CmpOp,
+                 ir.SelectOp, ir.CastOp, ir.AndOp, ir.OrOp, ir.NotOp)
+
+
+def elem_bytes(dtype: str) -> int:
+    """Bytes of one element of ``dtype``."""
+    return max(dtypes.by_name(dtype).bits // 8, 1)
+
+
+def _cbn(i: int) -> str:
+    return f"tt::CBIndex::c_{i}"
+
+
+# ------------------------------------------------------------------------------ the check kernel
+def row_checks(low: Lowering, kernel: t.KernelOp) -> list[k.RowCheckOp]:
+    """The host row checks of a kernel of checks (one per ``tile.fail_unless``), their host
+    scalars emitted into ``low.host``."""
+    from opgen.ttmetal.lower import TtUnsupported
+
+    messages = [m.data for _, m in (c.data for c in kernel.attributes["checks"].data)]  # type: ignore[attr-defined]
+    args = dict(zip([a.data for a in kernel.arg_names.data], kernel.body.block.args, strict=True))
+    arg_of = {v: n for n, v in args.items()}
+    out = []
+    for fail in (o for o in kernel.walk() if isinstance(o, t.FailUnlessOp)):
+        loop = fail.parent_op()
+        if not isinstance(loop, t.ForOp) or not isinstance(loop.lo.owner, t.BlockIdxOp):
+            raise TtUnsupported(low.name, "a data check outside the walk over the rows")
+        block = Block(arg_types=[loop.iv.type])
+        row = block.args[0]
+        vals: dict[SSAValue, SSAValue] = {loop.iv: row}
+        reads: list[str] = []
+
+        def val(x: SSAValue, block: Block = block, vals: dict = vals, reads: list = reads) -> SSAValue:
+            if x in vals:
+                return vals[x]
+            op = x.owner
+            if x in arg_of:
+                new = k.ScalarArgOp(arg_of[x], x.type)
+            elif isinstance(op, (t.LoadOp, t.LoadBitOp)):
+                name = arg_of[op.src]
+                if name not in reads:
+                    reads.append(name)
+                new = k.HostLoadOp(name, val(op.pos), op.result.type, isinstance(op, t.LoadBitOp))
+            elif isinstance(op, _HOST_SCALARS):
+                new = op.clone_without_regions()
+                for i, o in enumerate(op.operands):
+                    new.operands[i] = val(o)
+            else:
+                raise TtUnsupported(low.name, f"a data check computed with {getattr(op, 'name', 'a loop variable')}")
+            block.add_op(new)
+            vals[x] = new.results[0]
+            return vals[x]
+
+        ok = val(fail.cond)
+        block.add_op(k.RowOkOp(ok))
+        rows = low.host_val(loop.hi)
+        out.append(k.RowCheckOp(reads, messages[fail.bit.data], rows, Region(block)))
+    return out
+
+
+# ------------------------------------------------------------------------------ fences
+def fence(low: Lowering) -> None:
+    """The core's DRAM writes (the writer's) complete before its later reads (the reader's)."""
+    if low.fence_cb < 0:
+        low.fence_cb = low.cb("UInt32", 1, "fence token (writer -> reader: the core's writes are done)", "fence")
+    f = _cbn(low.fence_cb)
+    w, r = low.w, low.r
+    w.call("noc_async_write_barrier")
+    w.call("cb_reserve_back", f, "1")
+    w.call("cb_push_back", f, "1")
+    r.call("cb_wait_front", f, "1")
+    r.call("cb_pop_front", f, "1")
+
+
+def reader_scratch(low: Lowering) -> SSAValue:
+    """The reader's 128-byte L1 scratch page (scalar loads), reserved before its loops; pushed at the
+    end of the launch and popped there by compute."""
+    if low.scratch_cb < 0:
+        low.scratch_cb = low.cb("UInt32", 1, "the reader's scratch page (scalar loads)", "in")
+        r = low.r
+        r.top = True
+        try:
+            r.call("cb_reserve_back", _cbn(low.scratch_cb), "1")
+            low.scratch_l1 = r.call("get_write_ptr", _cbn(low.scratch_cb), result=True)
+        finally:
+            r.top = False
+    return low.scratch_l1
+
+
+def end_scratch(low: Lowering) -> None:
+    """At the end of a launch: the reader's scratch page pushed, and popped by compute."""
+    if low.scratch_cb >= 0:
+        low.r.call("cb_push_back", _cbn(low.scratch_cb), "1")
+        low.c.call("cb_wait_front", _cbn(low.scratch_cb), "1")
+        low.c.call("cb_pop_front", _cbn(low.scratch_cb), "1")
+
+
+# ------------------------------------------------------------------------------ reader-built tiles
+def copy_in_col(low: Lowering, op: t.CopyInOp) -> None:
+    """A col value ``[R, 1]`` of a 1-d tensor: elements ``[row0, row0 + nrows)`` in column 0 of a tile."""
+    from opgen.ttmetal.lower import Node, TtUnsupported
+
+    gm = op.src
+    dt = gm.type.dtype
+    if len(gm.type.shape) != 1 or dt not in ("f32", "bf16"):
+        raise TtUnsupported(low.name, "copying in a col tile of a 2-d or integer tensor")
+    fmt, name = low.gm_format(gm), low.gm_name(gm)
+    cb = low.cb(fmt, 1, f"{name} (col: the block's rows)", "in")
+    if len(low.scopes) > 1:
+        low.dbuf.add(cb)
+    r = low.r
+    acc = r.accessor(gm, name)
+    scratch = reader_scratch(low)
+    r.call("cb_reserve_back", _cbn(cb), "1")
+    r.call("opgen_tt_col_from_row", acc, str(elem_bytes(dt)), r.val(op.row0), r.val(op.nrows),
+           r.call("get_write_ptr", _cbn(cb), result=True), scratch)
+    r.call("cb_push_back", _cbn(cb), "1")
+    low.c.call("cb_wait_front", _cbn(cb), "1")
+    low.scopes[-1].append((cb, None))
+    low.env[op.results[0]] = Node("leaf", cb=cb, mode="first")
+
+
+def is_one_hot(op: t.ForOp) -> bool:
+    """A loop building a tile with ``tile.set_at`` (the tile level's one-hot walk)."""
+    return len(op.inits) == 1 and any(isinstance(o, t.SetAtOp) for o in op.body.block.ops)
+
+
+def one_hot(low: Lowering, op: t.ForOp) -> None:
+    """The loop's tile, built by the reader in L1 (see the module docstring)."""
+    from opgen.ttmetal.lower import SCALAR_OPS, Node, TtUnsupported
+
+    init = op.inits[0]
+    tt_ = ir.tensor_type(init)
+    if tt_.dtype != "f32" or not isinstance(init.owner, ir.BroadcastOp) or \
+            not isinstance(init.owner.operands[0].owner, ir.ConstantOp) or \
+            float(init.owner.operands[0].owner.value.value.data) != 0.0:
+        raise TtUnsupported(low.name, "a tile built element by element from anything but f32 zeros")
+    sets = [o for o in op.body.block.ops if isinstance(o, t.SetAtOp)]
+    if len(sets) != 1 or sets[0].acc is not op.body.block.args[1]:
+        raise TtUnsupported(low.name, "a tile built with more than one tile.set_at per step")
+    dim = tt_.shape[1]
+    cap = low.cap_tiles(dim)
+    cb = low.cb("Float32", dim, "one-hot tile (built by the reader)", "in")
+    if len(low.scopes) > 1:
+        low.dbuf.add(cb)
+    r = low.r
+    scratch = reader_scratch(low)
+    rcap = r.val(cap)
+    r.call("cb_reserve_back", _cbn(cb), rcap)
+    base = r.call("get_write_ptr", _cbn(cb), result=True)
+    r.call("opgen_tt_zero_l1", base, r.arith(ir.MulOp, rcap, r.const(4096)))
+    iv = r.open_loop(r.val(op.lo), r.val(op.hi), r.val(op.step), op.iv.name_hint or "h")
+    r.maps[-1][op.iv] = iv
+    for o in op.body.block.ops:
+        if isinstance(o, t.LoadOp | t.LoadBitOp):
+            name = low.gm_name(o.src)
+            acc = r.accessor(o.src, name)
+            if isinstance(o, t.LoadOp):
+                v = r.call("opgen_tt_load_elem", acc, str(elem_bytes(o.src.type.dtype)), r.val(o.pos), scratch,
+                           result=True)
+            else:
+                bit = r.call("opgen_tt_load_bit", acc, "1" if o.src.type.dtype == "u8" else "0", r.val(o.pos),
+                             scratch, result=True)
+                v = r.emit(ir.CmpOp("ne", bit, r.const(0))).results[0]
+            r.maps[-1][o.result] = v
+        elif isinstance(o, t.SetAtOp):
+            if ir.tensor_type(o.value).dtype != "f32":
+                raise TtUnsupported(low.name, "a tile element set to a non-f32 value")
+            r.call("opgen_tt_set_word", base, r.val(o.row), r.val(o.col), r.val(o.ncols), r.val(o.value))
+        elif isinstance(o, t.YieldOp) or isinstance(o, SCALAR_OPS):
+            continue  # (scalars: evaluated on use)
+        else:
+            raise TtUnsupported(low.name, f"{o.name} in a tile built element by element")
+    r.close_loop()
+    r.call("cb_push_back", _cbn(cb), rcap)
+    cc = low.c.val(cap)
+    low.c.call("cb_wait_front", _cbn(cb), cc)
+    low.scopes[-1].append((cb, cc))
+    low.env[op.results[0]] = Node("leaf", cb=cb, mode="tile", n=low.ncols_tiles(sets[0].ncols))
+
+
+# ------------------------------------------------------------------------------ matmuls
+def _ld(low: Lowering, gm: SSAValue) -> SSAValue:
+    """A tile-level scalar: the row length of a 2-d view (a dim, a tiling parameter or a number)."""
+    sym = gm.type.shape[1]
+    if sym.isdigit():
+        o = ir.ConstantOp(int(sym), "i64")
+    elif sym in low.params:
+        o = t.ParamOp(sym)
+    else:
+        o = ir.DimOp(sym)
+    low._scratch.add_op(o)
+    return o.results[0]
+
+
+class _View:
+    """Tile coordinates of a matmul operand in kernel ``b``: element offset -> first tile row and
+    column; page of tile (tr, tc) = (row0/32 + tr) * tiles(ld) + col0/32 + tc."""
+
+    def __init__(self, low: Lowering, b: KernelBuilder, gm: SSAValue, off: SSAValue):
+        ld = b.val(_ld(low, gm))
+        o = b.val(off)
+        row0 = b.arith(ir.DivOp, o, ld)
+        col0 = b.arith(ir.SubOp, o, b.arith(ir.MulOp, row0, ld))
+        c31, c32 = b.const(TILE - 1), b.const(TILE)
+        self.b = b
+        self.tr0, self.tc0 = b.arith(ir.DivOp, row0, c32), b.arith(ir.DivOp, col0, c32)
+        self.wt = b.arith(ir.DivOp, b.arith(ir.AddOp, ld, c31), c32)
+
+    def page(self, tr: SSAValue, tc: SSAValue) -> SSAValue:
+        b = self.b
+        return b.arith(ir.AddOp, b.arith(ir.MulOp, b.arith(ir.AddOp, self.tr0, tr), self.wt),
+                       b.arith(ir.AddOp, self.tc0, tc))
+
+
+def matmul(low: Lowering, op: t.MatmulOp) -> None:
+    """``tile.matmul`` as a unit of the three kernels (see the module docstring)."""
+    from opgen.ttmetal.lower import TILE_BYTES, TtUnsupported
+
+    for x in (op.a, op.b):
+        if x.type.dtype != "bf16":
+            raise TtUnsupported(low.name, f"a matmul of {x.type.dtype} operands (the FPU multiplies bf16 exactly; "
+                                          "it reads f32 as TF32)")
+    ta, tb = bool(op.trans_a.data), bool(op.trans_b.data)
+    fa, fb, fc = (low.gm_format(x) for x in (op.a, op.b, op.c))
+    ca = low.cb(fa, 2, f"{low.gm_name(op.a)} (matmul A tiles)", "in")
+    cbb = low.cb(fb, 2, f"{low.gm_name(op.b)} (matmul B tiles)", "in")
+    co = low.cb(fc, 2, f"{low.gm_name(op.c)} (matmul C tiles)", "out")
+    mt, nt, kt = (low.ncols_tiles(v) for v in (op.m, op.n, op.k))
+
+    def loops(b: KernelBuilder) -> tuple[SSAValue, SSAValue]:
+        i = b.open_loop(b.const(0), b.val(mt), b.const(1), "i")
+        j = b.open_loop(b.const(0), b.val(nt), b.const(1), "j")
+        return i, j
+
+    # reader: A (i, kk) and B (kk, j) for each inner tile, the inner dim's tail zeroed
+    r = low.r
+    acc_a, acc_b = r.accessor(op.a, low.gm_name(op.a)), r.accessor(op.b, low.gm_name(op.b))
+    va, vb = _View(low, r, op.a, op.a_off), _View(low, r, op.b, op.b_off)
+    i, j = loops(r)
+    kk = r.open_loop(r.const(0), r.val(kt), r.const(1), "kk")
+    valid = r.arith(ir.SubOp, r.val(op.k), r.arith(ir.MulOp, kk, r.const(TILE)))
+    full = r.const(TILE)
+    for cb, acc, page, keep, trans, fmt in (
+            (ca, acc_a, va.page(kk, i) if ta else va.page(i, kk), (valid, full) if ta else (full, valid), ta, fa),
+            (cbb, acc_b, vb.page(j, kk) if tb else vb.page(kk, j), (full, valid) if tb else (valid, full), False, fb)):
+        elem = str(TILE_BYTES[fmt] // 1024)
+        r.call("cb_reserve_back", _cbn(cb), "1")
+        l1 = r.call("get_write_ptr", _cbn(cb), result=True)
+        r.call("noc_async_read_page", page, acc, l1)
+        r.call("noc_async_read_barrier")
+        r.call("opgen_tt_keep", l1, elem, *keep)
+        if trans:
+            r.call("opgen_tt_transpose", l1, elem)
+        r.call("cb_push_back", _cbn(cb), "1")
+    for _ in range(3):
+        r.close_loop()
+
+    # compute: the inner tiles' products summed in DST, in order
+    c = low.c
+    loops(c)
+    c.call("tile_regs_acquire")
+    c.call("reconfig_data_format_srca", _cbn(cbb))  # (the matrix unit: in1 -> SrcA, in0 -> SrcB)
+    c.call("reconfig_data_format_srcb", _cbn(ca))
+    c.call("matmul_init", _cbn(ca), _cbn(cbb), "1" if tb else "0")
+    c.open_loop(c.const(0), c.val(kt), c.const(1), "kk")
+    c.call("cb_wait_front", _cbn(ca), "1")
+    c.call("cb_wait_front", _cbn(cbb), "1")
+    c.call("matmul_tiles", _cbn(ca), _cbn(cbb), "0", "0", "0")
+    c.call("cb_pop_front", _cbn(ca), "1")
+    c.call("cb_pop_front", _cbn(cbb), "1")
+    c.close_loop()
+    c.call("tile_regs_commit")
+    low.pack(co)
+    c.close_loop()
+    c.close_loop()
+
+    # writer: tile (i, j) of C
+    w = low.w
+    acc_c = w.accessor(op.c, low.gm_name(op.c))
+    vc = _View(low, w, op.c, op.c_off)
+    i, j = loops(w)
+    w.call("cb_wait_front", _cbn(co), "1")
+    w.call("noc_async_write_page", vc.page(i, j), acc_c, w.call("get_read_ptr", _cbn(co), result=True))
+    w.call("noc_async_writes_flushed")
+    w.call("cb_pop_front", _cbn(co), "1")
+    w.close_loop()
+    w.close_loop()
+    w.call("noc_async_write_barrier")
+    for cb in (ca, cbb, co):
+        low.release(cb)
