@@ -361,7 +361,7 @@ def prog_args(prog: k.ProgramOp) -> list[dict]:
         if n.data != "workspace":
             a = {"name": n.data, "kind": kd.data, "dtype": ty.dtype, "shape": list(ty.shape)}
             if kd.data == "tensor":
-                elem = max(dtypes.by_name(ty.dtype).bits // 8, 1)
+                elem = dtypes.by_name(ty.dtype).itemsize
                 a["layout"] = lay.data
                 a["page_size"] = 1024 * elem if lay.data == "tile" else 32 * elem
                 if n.data in plans:  # indices of any IndexType: pages of 32 of them

@@ -43,14 +43,9 @@ from opgen.ttmetal.sizes import TILE
 if TYPE_CHECKING:
     from opgen.ttmetal.lower import KernelBuilder, Lowering
 
-#: the scalar ops a host row check re-evaluates
-_HOST_SCALARS = (ir.ConstantOp, ir.DimOp, ir.AddOp, ir.SubOp, ir.MulOp, ir.DivOp, ir.MinOp, ir.MaxOp, ir.CmpOp,
-                 ir.SelectOp, ir.CastOp, ir.AndOp, ir.OrOp, ir.NotOp)
-
-
 def elem_bytes(dtype: str) -> int:
     """Bytes of one element of ``dtype``."""
-    return max(dtypes.by_name(dtype).bits // 8, 1)
+    return dtypes.by_name(dtype).itemsize
 
 
 def _cbn(i: int) -> str:
@@ -61,47 +56,38 @@ def _cbn(i: int) -> str:
 def row_checks(low: Lowering, kernel: t.KernelOp) -> list[k.RowCheckOp]:
     """The host row checks of a kernel of checks (one per ``tile.fail_unless``), their host
     scalars emitted into ``low.host``."""
-    from opgen.ttmetal.lower import TtUnsupported
-
     messages = [m.data for _, m in (c.data for c in kernel.attributes["checks"].data)]  # type: ignore[attr-defined]
     args = dict(zip([a.data for a in kernel.arg_names.data], kernel.body.block.args, strict=True))
     arg_of = {v: n for n, v in args.items()}
-    out = []
-    for fail in (o for o in kernel.walk() if isinstance(o, t.FailUnlessOp)):
-        loop = fail.parent_op()
-        if not isinstance(loop, t.ForOp) or not isinstance(loop.lo.owner, t.BlockIdxOp):
-            raise TtUnsupported(low.name, "a data check outside the walk over the rows")
-        block = Block(arg_types=[loop.iv.type])
-        row = block.args[0]
-        vals: dict[SSAValue, SSAValue] = {loop.iv: row}
-        reads: list[str] = []
+    return [_row_check(low, fail, arg_of, messages[fail.bit.data])
+            for fail in kernel.walk() if isinstance(fail, t.FailUnlessOp)]
 
-        def val(x: SSAValue, block: Block = block, vals: dict = vals, reads: list = reads) -> SSAValue:
-            if x in vals:
-                return vals[x]
-            op = x.owner
-            if x in arg_of:
-                new = k.ScalarArgOp(arg_of[x], x.type)
-            elif isinstance(op, (t.LoadOp, t.LoadBitOp)):
-                name = arg_of[op.src]
-                if name not in reads:
-                    reads.append(name)
-                new = k.HostLoadOp(name, val(op.pos), op.result.type, isinstance(op, t.LoadBitOp))
-            elif isinstance(op, _HOST_SCALARS):
-                new = op.clone_without_regions()
-                for i, o in enumerate(op.operands):
-                    new.operands[i] = val(o)
-            else:
-                raise TtUnsupported(low.name, f"a data check computed with {getattr(op, 'name', 'a loop variable')}")
-            block.add_op(new)
-            vals[x] = new.results[0]
-            return vals[x]
 
-        ok = val(fail.cond)
-        block.add_op(k.RowOkOp(ok))
-        rows = low.host_val(loop.hi)
-        out.append(k.RowCheckOp(reads, messages[fail.bit.data], rows, Region(block)))
-    return out
+def _row_check(low: Lowering, fail: t.FailUnlessOp, arg_of: dict[SSAValue, str], message: str) -> k.RowCheckOp:
+    """``fail``'s condition per row of its walk, as a host row function; scalar loads read the
+    tensors the host reads back."""
+    from opgen.ttmetal.lower import TtUnsupported, host_region_val
+
+    loop = fail.parent_op()
+    if not isinstance(loop, t.ForOp) or not isinstance(loop.lo.owner, t.BlockIdxOp):
+        raise TtUnsupported(low.name, "a data check outside the walk over the rows")
+    block = Block(arg_types=[loop.iv.type])
+    reads: list[str] = []
+
+    def leaf(x: SSAValue) -> SSAValue:
+        op = x.owner
+        if not isinstance(op, (t.LoadOp, t.LoadBitOp)):
+            raise TtUnsupported(low.name, f"a data check computed with {getattr(op, 'name', 'a loop variable')}")
+        name = arg_of[op.src]
+        if name not in reads:
+            reads.append(name)
+        load = k.HostLoadOp(name, val(op.pos), op.result.type, isinstance(op, t.LoadBitOp))
+        block.add_op(load)
+        return load.result
+
+    val = host_region_val(block, {loop.iv: block.args[0]}, arg_of, leaf)
+    block.add_op(k.RowOkOp(val(fail.cond)))
+    return k.RowCheckOp(reads, message, low.host_val(loop.hi), Region(block))
 
 
 # ------------------------------------------------------------------------------ fences
@@ -119,10 +105,10 @@ def fence(low: Lowering) -> None:
 
 
 def reader_scratch(low: Lowering) -> SSAValue:
-    """The reader's 128-byte L1 scratch page (scalar loads), reserved before its loops; pushed at the
-    end of the launch and popped there by compute."""
+    """The reader's 128-byte L1 scratch page (scalar loads, a scatter plan's pages), reserved before
+    its loops; pushed at the end of the launch and popped there by compute."""
     if low.scratch_cb < 0:
-        low.scratch_cb = low.cb("UInt32", 1, "the reader's scratch page (scalar loads)", "in")
+        low.scratch_cb = low.cb("UInt32", 1, "the reader's scratch page (scalar loads, plan pages)", "in")
         r = low.r
         r.top = True
         try:
@@ -213,7 +199,7 @@ def one_hot(low: Lowering, op: t.ForOp) -> None:
             if ir.tensor_type(o.value).dtype != "f32":
                 raise TtUnsupported(low.name, "a tile element set to a non-f32 value")
             r.call("opgen_tt_set_word", base, r.val(o.row), r.val(o.col), r.val(o.ncols), r.val(o.value))
-        elif isinstance(o, t.YieldOp) or isinstance(o, SCALAR_OPS):
+        elif isinstance(o, (t.YieldOp, *SCALAR_OPS)):
             continue  # (scalars: evaluated on use)
         else:
             raise TtUnsupported(low.name, f"{o.name} in a tile built element by element")

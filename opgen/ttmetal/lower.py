@@ -32,6 +32,7 @@ Every decision of the TT-Metal backend is made here, none in the printer:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
@@ -310,6 +311,30 @@ def _empty(loop: t.ForOp) -> bool:
     return all(isinstance(o, (t.YieldOp, *SCALAR_OPS)) for o in loop.body.block.ops)
 
 
+def host_region_val(block: Block, vals: dict[SSAValue, SSAValue], arg_of: dict[SSAValue, str],
+                    leaf: Callable[[SSAValue], SSAValue]) -> Callable[[SSAValue], SSAValue]:
+    """``val(x)``: tile-level scalar ``x`` re-evaluated in ``block`` (a host function's region: a
+    scatter plan's row function, a row check) — ``vals`` first (fixed values), then arguments
+    (``ttk.scalar_arg``), scalar ops cloned, anything else by ``leaf(x)`` (which adds its ops to
+    ``block`` or raises)."""
+
+    def val(x: SSAValue) -> SSAValue:
+        if x in vals:
+            return vals[x]
+        op = x.owner
+        if x in arg_of or isinstance(op, SCALAR_OPS):
+            new = k.ScalarArgOp(arg_of[x], x.type) if x in arg_of else op.clone_without_regions()
+            for i, o in enumerate(new.operands):
+                new.operands[i] = val(o)
+            block.add_op(new)
+            vals[x] = new.results[0]
+        else:
+            vals[x] = leaf(x)
+        return vals[x]
+
+    return val
+
+
 # ------------------------------------------------------------------------------ the lowering
 class Lowering:
     """One resident ``tile.kernel`` -> one ``ttk.program`` (see the module docstring)."""
@@ -325,6 +350,7 @@ class Lowering:
             if dtypes.by_name(d).is_float and d not in TT_DTYPES:
                 raise TtUnsupported(self.name, f"dtype {d} (TT-Metal computes bf16 and f32)")
         scatter = any(isinstance(o, t.SegmentsOp) for o in kernel.walk())
+        self.is_chain = any(isinstance(o, t.MatmulOp) for o in kernel.walk())  # a matmul chain (chain.py)
         for o in kernel.walk():
             if o.parent_op() is not None and isinstance(o.parent_op(), t.TilingOp):
                 continue
@@ -393,10 +419,6 @@ class Lowering:
         if isinstance(gm.owner, t.WorkspaceOp):
             return "tile" if self.is_chain else "row"
         return "tile"
-
-    @property
-    def is_chain(self) -> bool:
-        return any(isinstance(o, t.MatmulOp) for o in self.k.walk())
 
     def page_bytes(self, gm: SSAValue) -> int:
         """A tile (1,024 elements) or a row page (32 elements)."""

@@ -33,7 +33,8 @@ from opgen.ir import dialect as ir
 from opgen.tile import dialect as t
 from opgen.tile.dialect import INDEX
 from opgen.ttmetal import dialect as k
-from opgen.ttmetal.lower import TILE, TILE_BYTES, Lowering, TtUnsupported
+from opgen.ttmetal.chain import reader_scratch
+from opgen.ttmetal.lower import TILE, TILE_BYTES, Lowering, TtUnsupported, host_region_val
 
 #: the plan's pages: 32 uint32
 PLAN_PAGE = 128
@@ -151,34 +152,22 @@ def _row_fn(low: Lowering, add: t.AddRowOp, keep: list[SSAValue], factors: list[
     out[t_loop.iv] = tv
     out[b_loop.iv] = emit(ir.ConstantOp(0, "i64"))
 
-    def val(x: SSAValue) -> SSAValue:
-        if x in out:
-            return out[x]
+    def leaf(x: SSAValue) -> SSAValue:
         op = x.owner
-        if x in low.arg_of:
-            r = emit(k.ScalarArgOp(low.arg_of[x], x.type))
-        elif isinstance(op, Block):
+        if isinstance(op, Block):
             raise TtUnsupported(low.name, "a per-row factor that depends on the position")
-        elif isinstance(op, t.ParamOp):
+        if isinstance(op, t.ParamOp):
             name = op.param.data
             if name == "rows":
-                r = c32
-            elif name == "seg_rows":  # one block of every row
-                r = emit(ir.DimOp(_rows_dim(low)))
-            else:
-                raise TtUnsupported(low.name, f"a per-row factor reading the tiling parameter {name}")
-        elif isinstance(op, t.SegStartOp):
-            r = emit(k.SegPrefixOp(val(op.row)))
-        elif isinstance(op, (ir.ConstantOp, ir.DimOp, ir.AddOp, ir.SubOp, ir.MulOp, ir.DivOp, ir.MinOp, ir.MaxOp,
-                             ir.CmpOp, ir.SelectOp, ir.CastOp, ir.AndOp, ir.OrOp, ir.NotOp)):
-            c = op.clone_without_regions()
-            for i, o in enumerate(op.operands):
-                c.operands[i] = val(o)
-            r = emit(c)
-        else:
-            raise TtUnsupported(low.name, f"a per-row factor computed with {op.name}")
-        out[x] = r
-        return r
+                return c32
+            if name == "seg_rows":  # one block of every row
+                return emit(ir.DimOp(_rows_dim(low)))
+            raise TtUnsupported(low.name, f"a per-row factor reading the tiling parameter {name}")
+        if isinstance(op, t.SegStartOp):
+            return emit(k.SegPrefixOp(val(op.row)))
+        raise TtUnsupported(low.name, f"a per-row factor computed with {op.name}")
+
+    val = host_region_val(block, out, low.arg_of, leaf)
 
     k_ = emit(ir.ConstantOp(1, "bool"))
     for cnd in keep:
@@ -224,7 +213,7 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
                                 _row_fn(low, add, keep, factors)))
     r, c, w = low.r, low.c, low.w
     mb = low.cb("UInt32", 1, "plan header of the unit's table tile (batch count for compute)", "in")
-    scratch = low.cb("UInt32", 1, "the reader's plan page", "in")
+    scratch_l1 = reader_scratch(low)  # (the reader's plan page; pushed and popped at the launch's end)
     batch = low.cb(fmt_in, 2, "gathered grad rows (one batch)", "in")
     fac = low.cb("Float32", 1, "the table tile's row factors (column 0)", "in")
     low.copied.add(fac)
@@ -235,7 +224,7 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
         low.copied.add(init)
     res = low.cb(fmt_out, 2, f"{out} (out)", "out")
     low.copied.add(batch)
-    mbn, scn, bn, on, fn = (f"tt::CBIndex::c_{i}" for i in (mb, scratch, batch, res, fac))
+    mbn, bn, on, fn = (f"tt::CBIndex::c_{i}" for i in (mb, batch, res, fac))
 
     def dim(b, d: str) -> SSAValue:
         return b.val(low._dim(d))
@@ -255,10 +244,6 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     # reader
     plan = r.accessor_named(plan_sym, PLAN_PAGE)
     g = r.accessor(gm_grad, grad)
-    r.top = True
-    r.call("cb_reserve_back", scn, "1")
-    scratch_l1 = r.call("get_write_ptr", scn, result=True)
-    r.top = False
     tt_, j, wt = unit_loop(r)
     r.call("cb_reserve_back", mbn, "1")
     hdr = r.call("get_write_ptr", mbn, result=True)
@@ -291,7 +276,6 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     r.call("cb_push_back", bn, "1")
     r.close_loop()
     r.close_loop()
-    r.call("cb_push_back", scn, "1")
 
     # compute
     tt_, j, _ = unit_loop(c)
@@ -322,8 +306,6 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     c.call("cb_pop_front", mbn, "1")
     low.pack(res)
     c.close_loop()
-    c.call("cb_wait_front", scn, "1")  # the reader's scratch page, pushed when it is done
-    c.call("cb_pop_front", scn, "1")
 
     # writer
     o = w.accessor(gm_out, out)

@@ -180,7 +180,7 @@ static int opgen_tt_embedding_backward_bf16_resident(distributed::MeshDevice& me
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v13);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's plan page
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch page (scalar loads, plan pages)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v18) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v18) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // dtable1 (initial table tile)
@@ -288,7 +288,7 @@ static int opgen_tt_embedding_backward_f32_resident(distributed::MeshDevice& mes
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v13);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's plan page
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch page (scalar loads, plan pages)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v18) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v18) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // dtable1 (initial table tile)
@@ -396,7 +396,7 @@ static int opgen_tt_embedding_backward__i2_bf16_resident(distributed::MeshDevice
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v11);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v15) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v15) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's plan page
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v15) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch page (scalar loads, plan pages)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v16) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v15) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v16) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // dtable1 (initial table tile)
@@ -503,7 +503,7 @@ static int opgen_tt_embedding_backward__i2_f32_resident(distributed::MeshDevice&
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v11);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v15) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v15) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's plan page
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v15) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch page (scalar loads, plan pages)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v16) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v15) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v16) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // dtable1 (initial table tile)
@@ -615,7 +615,7 @@ static int opgen_tt_embedding_backward__dtable2_bf16_resident(distributed::MeshD
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v13);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's plan page
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch page (scalar loads, plan pages)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v18) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v18) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // dtable1 (initial table tile)
@@ -725,7 +725,7 @@ static int opgen_tt_embedding_backward__dtable2_f32_resident(distributed::MeshDe
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v13);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's plan page
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch page (scalar loads, plan pages)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v18) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v18) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // dtable1 (initial table tile)
@@ -875,7 +875,7 @@ static int opgen_tt_embedding_backward__i2_dtable2_bf16_resident(distributed::Me
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v15);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's plan page
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch page (scalar loads, plan pages)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // dtable1 (initial table tile)
@@ -907,7 +907,7 @@ static int opgen_tt_embedding_backward__i2_dtable2_bf16_resident(distributed::Me
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v44);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v48) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v48) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's plan page
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v48) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch page (scalar loads, plan pages)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v48) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // dtable2 (initial table tile)
@@ -1057,7 +1057,7 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v15);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's plan page
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch page (scalar loads, plan pages)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // dtable1 (initial table tile)
@@ -1091,7 +1091,7 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v44);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v48) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v48) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's plan page
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v48) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch page (scalar loads, plan pages)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v48) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // dtable2 (initial table tile)

@@ -170,7 +170,7 @@ static int opgen_tt_embedding_bw_bf16_resident(distributed::MeshDevice& mesh, co
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v11);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v13) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v13) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's plan page
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v13) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch page (scalar loads, plan pages)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v14) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v13) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v14) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // out (out)
@@ -263,7 +263,7 @@ static int opgen_tt_embedding_bw_f32_resident(distributed::MeshDevice& mesh, con
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v11);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v13) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v13) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's plan page
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v13) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch page (scalar loads, plan pages)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v14) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v13) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v14) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // out (out)
